@@ -1,0 +1,52 @@
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { delimiter, join } from 'node:path';
+import { accessSync, constants } from 'node:fs';
+import { RedisMemoryServer } from 'redis-memory-server';
+
+/** Finds the machine's `redis-server` on PATH (or `REDISMS_SYSTEM_BINARY`); tests never download one. */
+export function findRedisServerBinary(): string {
+  const explicit = process.env['REDISMS_SYSTEM_BINARY'];
+  if (explicit !== undefined && explicit !== '') return explicit;
+  const dirs = (process.env['PATH'] ?? '').split(delimiter).concat(['/usr/bin', '/usr/local/bin']);
+  for (const dir of dirs) {
+    const candidate = join(dir, 'redis-server');
+    try {
+      accessSync(candidate, constants.X_OK);
+      return candidate;
+    } catch {
+      // keep looking
+    }
+  }
+  throw new Error(
+    'redis-server not found on PATH. Install it (Debian: apt-get install redis-server) or set REDISMS_SYSTEM_BINARY.',
+  );
+}
+
+/** A redis-server owned by a test: random port, its own data directory, stopped and removed at the end. */
+export interface TestRedisServer {
+  url: string;
+  port: number;
+  dataDir: string;
+  stop(): Promise<void>;
+}
+
+/** Starts a private redis-server from the machine's binary. Extra `args` go on its command line. */
+export async function startRedisServer(args: readonly string[] = []): Promise<TestRedisServer> {
+  const dataDir = await mkdtemp(join(tmpdir(), 'flujo-redis-'));
+  const server = new RedisMemoryServer({
+    binary: { systemBinary: findRedisServerBinary() },
+    instance: { ip: '127.0.0.1', args: ['--dir', dataDir, ...args] },
+  });
+  await server.start();
+  const port = await server.getPort();
+  return {
+    url: `redis://127.0.0.1:${port}`,
+    port,
+    dataDir,
+    async stop() {
+      await server.stop();
+      await rm(dataDir, { recursive: true, force: true });
+    },
+  };
+}
