@@ -1,0 +1,500 @@
+/**
+ * Plans as data (DESIGN §4, seed 002 §1): zod schemas and the types inferred from them. Code is
+ * referenced by name (operators, agents, policies), so a plan can be stored, diffed and resumed.
+ * Every object is strict: a misspelt key is refused, not ignored.
+ */
+import { z } from 'zod';
+import { jsonValueSchema } from '../internal/json.js';
+import { findDependencyCycles } from './graph.js';
+
+/** The only plan schema version this release reads and writes. */
+export const PLAN_SCHEMA_VERSION = 1;
+/** Most steps a plan may have. */
+export const MAX_PLAN_STEPS = 1000;
+
+/** Step ids go into Redis keys and BullMQ job ids: no ':', '{', '}' or spaces. */
+export const STEP_ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/;
+
+/** A step id: 1–128 letters, digits, `_`, `.` or `-`, starting with a letter or digit. */
+export const stepIdSchema = z.string().regex(STEP_ID_PATTERN, {
+  error: (issue) =>
+    `step id ${JSON.stringify(issue.input)} is not allowed: use 1 to 128 letters, digits, "_", "." or "-", ` +
+    'starting with a letter or digit (ids go into Redis keys and job ids, so no ":", "{", "}" or spaces)',
+});
+
+const nonEmpty = () => z.string().min(1);
+const positiveInt = () => z.number().int().positive();
+
+/** The classes of side effect a step declares. */
+export const effectClassSchema = z.enum(['read_only', 'local', 'memory', 'external']);
+/** A step's risk level. */
+export const riskLevelSchema = z.enum(['low', 'medium', 'high', 'critical']);
+/** The kinds of step. */
+export const stepKindSchema = z.enum(['operator', 'agent', 'policy_check', 'human_gate']);
+
+/** How a step's result may be cached (seed 002 §4). */
+export const cachePolicySchema = z.discriminatedUnion('class', [
+  z.object({ class: z.literal('none') }).strict(),
+  z.object({ class: z.literal('deterministic') }).strict(),
+  z.object({ class: z.literal('stable_nondeterministic'), allowCacheHit: z.boolean() }).strict(),
+  // External results are cached only with an explicit TTL and provenance.
+  z.object({ class: z.literal('external'), ttlMs: positiveInt(), provenance: nonEmpty() }).strict(),
+]);
+
+/** A retry policy as written: every field optional, merged over plan defaults and built-ins. */
+export const retryPolicyInputSchema = z
+  .object({
+    maxAttempts: z.number().int().min(1).max(100).optional(),
+    initialDelayMs: z.number().int().min(0).optional(),
+    backoffCoefficient: z.number().min(1).max(100).optional(),
+    maxDelayMs: z.number().int().min(0).optional(),
+    /** A fraction of the delay, in [0, 1]. */
+    jitter: z.number().min(0).max(1).optional(),
+  })
+  .strict();
+
+/** A retry policy as written. */
+export type RetryPolicyInput = z.input<typeof retryPolicyInputSchema>;
+
+/** A fully resolved retry policy. */
+export interface RetryPolicy {
+  maxAttempts: number;
+  initialDelayMs: number;
+  backoffCoefficient: number;
+  maxDelayMs: number;
+  jitter: number;
+}
+
+/** The built-in retry policy, under plan defaults and step settings. */
+export const DEFAULT_RETRY_POLICY: Readonly<RetryPolicy> = Object.freeze({
+  maxAttempts: 3,
+  initialDelayMs: 1000,
+  backoffCoefficient: 2,
+  maxDelayMs: 300_000,
+  jitter: 0.2,
+});
+
+const RETRY_FIELDS = Object.keys(DEFAULT_RETRY_POLICY) as (keyof RetryPolicy)[];
+
+/** Merges retry layers, most specific first (step, then plan defaults), over the built-ins. */
+export function resolveRetryPolicy(...layers: (RetryPolicyInput | undefined)[]): RetryPolicy {
+  const out = { ...DEFAULT_RETRY_POLICY };
+  for (const field of RETRY_FIELDS) {
+    for (const layer of layers) {
+      const value = layer?.[field];
+      if (value !== undefined) {
+        out[field] = value;
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+function retryOrderMessage(
+  maxDelayMs: number,
+  maxFrom: string,
+  initialDelayMs: number,
+  initialFrom: string,
+): string {
+  const note = (from: string): string => (from === '' ? '' : `, ${from}`);
+  return (
+    `retry.maxDelayMs (${maxDelayMs}${note(maxFrom)}) is below retry.initialDelayMs ` +
+    `(${initialDelayMs}${note(initialFrom)}): raise maxDelayMs or lower initialDelayMs`
+  );
+}
+
+/** A retry policy as written, resolved over the built-ins; output is a full {@link RetryPolicy}. */
+export const retryPolicySchema = retryPolicyInputSchema
+  .transform((input): RetryPolicy => resolveRetryPolicy(input))
+  .superRefine((policy, ctx) => {
+    if (policy.maxDelayMs < policy.initialDelayMs) {
+      ctx.addIssue({
+        code: 'custom',
+        message: retryOrderMessage(policy.maxDelayMs, '', policy.initialDelayMs, ''),
+      });
+    }
+  });
+
+/** Limits of a whole run (DESIGN P6). */
+export const runBudgetsSchema = z
+  .object({
+    maxWallClockMs: positiveInt().optional(),
+    maxSteps: positiveInt().optional(),
+    maxToolCalls: positiveInt().optional(),
+    maxTokens: positiveInt().optional(),
+    maxCostUsd: z.number().positive().optional(),
+  })
+  .strict();
+
+/** Limits of one step. */
+export const stepBudgetsSchema = z
+  .object({
+    maxWallClockMs: positiveInt().optional(),
+    maxToolCalls: positiveInt().optional(),
+    maxTokens: positiveInt().optional(),
+    maxCostUsd: z.number().positive().optional(),
+  })
+  .strict();
+
+/** Which parts of a step's input derive its idempotency key. */
+export const idempotencySchema = z
+  .object({
+    /** Paths into the step input; each at most once. */
+    keyInputs: z.array(nonEmpty()).default(() => []),
+  })
+  .strict()
+  .superRefine((value, ctx) => {
+    const first = new Map<string, number>();
+    value.keyInputs.forEach((key, i) => {
+      const at = first.get(key);
+      if (at === undefined) first.set(key, i);
+      else {
+        ctx.addIssue({
+          code: 'custom',
+          path: ['keyInputs', i],
+          message: `duplicate key input ${JSON.stringify(key)} (already listed at keyInputs[${at}])`,
+        });
+      }
+    });
+  });
+
+/** A step that waits for a person's approval before it runs. */
+export const gateSchema = z
+  .object({
+    approvers: z.array(nonEmpty()).optional(),
+    reason: z.string().optional(),
+  })
+  .strict();
+
+/** Fields every kind of step has. */
+const commonStepShape = {
+  id: stepIdSchema,
+  description: z.string().optional(),
+  /** Static input of the step. */
+  input: jsonValueSchema.optional(),
+  // Plain strings: an entry that names no step is reported as an unknown step.
+  dependsOn: z.array(nonEmpty()).default(() => []),
+  effects: z.array(effectClassSchema).default(() => []),
+  policyTags: z.array(nonEmpty()).default(() => []),
+  riskLevel: riskLevelSchema.default('low'),
+  cachePolicy: cachePolicySchema.default(() => ({ class: 'none' as const })),
+  idempotency: idempotencySchema.default(() => ({ keyInputs: [] })),
+  gate: gateSchema.optional(),
+  retry: retryPolicyInputSchema.optional(),
+  budgets: stepBudgetsSchema.optional(),
+  timeoutMs: positiveInt().optional(),
+};
+
+/** A step that runs a registered operator. */
+export const operatorStepSchema = z
+  .object({ kind: z.literal('operator'), ...commonStepShape, operator: nonEmpty() })
+  .strict();
+
+/** A step that runs a registered agent. */
+export const agentStepSchema = z
+  .object({
+    kind: z.literal('agent'),
+    ...commonStepShape,
+    agent: nonEmpty(),
+    mode: z.enum(['atomic', 'granular']).default('atomic'),
+    maxTurns: z.number().int().min(1).max(10_000).default(20),
+    historyMaxTokens: z.number().int().min(1).default(128_000),
+    blobThresholdBytes: z.number().int().min(1).default(20_000),
+    enforceIdempotency: z.boolean().default(false),
+  })
+  .strict();
+
+/** A step that evaluates a registered policy. */
+export const policyCheckStepSchema = z
+  .object({ kind: z.literal('policy_check'), ...commonStepShape, policy: nonEmpty() })
+  .strict();
+
+/** A step that only waits for a person's approval. */
+export const humanGateStepSchema = z
+  .object({ kind: z.literal('human_gate'), ...commonStepShape })
+  .strict();
+
+/** One step as written (its `retry` not yet resolved; {@link planSchema} resolves it). */
+export const stepSchema = z.discriminatedUnion('kind', [
+  operatorStepSchema,
+  agentStepSchema,
+  policyCheckStepSchema,
+  humanGateStepSchema,
+]);
+
+/** The step schema of each kind. */
+export const stepSchemasByKind = {
+  operator: operatorStepSchema,
+  agent: agentStepSchema,
+  policy_check: policyCheckStepSchema,
+  human_gate: humanGateStepSchema,
+} as const;
+
+/** Plan-wide defaults. */
+export const planDefaultsSchema = z.object({ retry: retryPolicyInputSchema.optional() }).strict();
+
+/** The plan object as written, before the semantic checks and retry resolution. */
+export const planObjectSchema = z
+  .object({
+    schemaVersion: z
+      .literal(PLAN_SCHEMA_VERSION, {
+        error: (issue) =>
+          `unsupported schemaVersion ${JSON.stringify(issue.input)}: this release reads schemaVersion ${PLAN_SCHEMA_VERSION}`,
+      })
+      .default(PLAN_SCHEMA_VERSION),
+    name: z.string().min(1).max(200),
+    description: z.string().optional(),
+    budgets: runBudgetsSchema.optional(),
+    defaults: planDefaultsSchema.optional(),
+    steps: z.array(stepSchema).min(1).max(MAX_PLAN_STEPS),
+  })
+  .strict();
+
+type WrittenPlan = z.output<typeof planObjectSchema>;
+
+/** A parsed operator step. */
+export interface OperatorStep extends Omit<z.output<typeof operatorStepSchema>, 'retry'> {
+  /** Resolved: step over plan defaults over built-ins. */
+  retry: RetryPolicy;
+}
+/** A parsed agent step. */
+export interface AgentStep extends Omit<z.output<typeof agentStepSchema>, 'retry'> {
+  /** Resolved: step over plan defaults over built-ins. */
+  retry: RetryPolicy;
+}
+/** A parsed policy check step. */
+export interface PolicyCheckStep extends Omit<z.output<typeof policyCheckStepSchema>, 'retry'> {
+  /** Resolved: step over plan defaults over built-ins. */
+  retry: RetryPolicy;
+}
+/** A parsed human gate step. */
+export interface HumanGateStep extends Omit<z.output<typeof humanGateStepSchema>, 'retry'> {
+  /** Resolved: step over plan defaults over built-ins. */
+  retry: RetryPolicy;
+}
+/** A parsed step of any kind. */
+export type PlanStep = OperatorStep | AgentStep | PolicyCheckStep | HumanGateStep;
+/** The kind of a step. */
+export type StepKind = z.output<typeof stepKindSchema>;
+/** A parsed, validated plan. Each step's `retry` is resolved, so consumers never merge again. */
+export interface Plan extends Omit<WrittenPlan, 'steps'> {
+  steps: PlanStep[];
+}
+/** Limits of a whole run. */
+export type RunBudgets = z.output<typeof runBudgetsSchema>;
+/** Limits of one step. */
+export type StepBudgets = z.output<typeof stepBudgetsSchema>;
+/** How a step's result may be cached. */
+export type CachePolicy = z.output<typeof cachePolicySchema>;
+/** A class of side effect. */
+export type EffectClass = z.output<typeof effectClassSchema>;
+/** A step's risk level. */
+export type RiskLevel = z.output<typeof riskLevelSchema>;
+
+/** Whether a step waits for approval before it runs. */
+export function stepNeedsApproval(step: PlanStep): boolean {
+  return step.kind === 'human_gate' || step.gate !== undefined;
+}
+
+/** A problem found by {@link checkPlanSemantics}, with its path as segments. */
+export interface PlanSemanticIssue {
+  path: (string | number)[];
+  message: string;
+}
+type Issue = PlanSemanticIssue;
+
+const isRecord = (value: unknown): value is Record<string, unknown> =>
+  typeof value === 'object' && value !== null && !Array.isArray(value);
+
+/** Edit distance, for "did you mean" hints. */
+function editDistance(a: string, b: string): number {
+  let previous = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const current = [i];
+    for (let j = 1; j <= b.length; j++) {
+      const cost = a[i - 1] === b[j - 1] ? 0 : 1;
+      current[j] = Math.min(previous[j]! + 1, current[j - 1]! + 1, previous[j - 1]! + cost);
+    }
+    previous = current;
+  }
+  return previous[b.length]!;
+}
+
+/** @internal The candidate closest to `word` when it looks like a typo of it. */
+export function closestMatch(word: string, candidates: Iterable<string>): string | undefined {
+  let best: string | undefined;
+  let bestDistance = Infinity;
+  for (const candidate of candidates) {
+    if (candidate === word) continue;
+    const distance =
+      candidate.toLowerCase() === word.toLowerCase() ? 0.5 : editDistance(word, candidate);
+    if (distance < bestDistance) {
+      best = candidate;
+      bestDistance = distance;
+    }
+  }
+  // Short words are too close to everything: only a case-only difference counts for them.
+  const limit = Math.min(2, Math.floor(word.length / 3));
+  return bestDistance <= Math.max(limit, 0.5) ? best : undefined;
+}
+
+/** Reads `initialDelayMs` / `maxDelayMs` of a retry object as written; `ok` is false if either is malformed. */
+function readDelays(retry: unknown): { ok: boolean; initial?: number; max?: number } {
+  if (retry === undefined) return { ok: true };
+  if (!isRecord(retry)) return { ok: false };
+  const valid = (v: unknown): v is number | undefined =>
+    v === undefined || (typeof v === 'number' && Number.isSafeInteger(v) && v >= 0);
+  const { initialDelayMs: initial, maxDelayMs: max } = retry;
+  if (!valid(initial) || !valid(max)) return { ok: false };
+  return {
+    ok: true,
+    ...(initial === undefined ? {} : { initial }),
+    ...(max === undefined ? {} : { max }),
+  };
+}
+
+/**
+ * Semantic checks of a plan: duplicate ids, unknown, self and duplicate dependencies, dependency
+ * cycles, retry delays out of order. They read the plan as written, tolerating malformed parts (zod
+ * reports those), so one error lists every problem.
+ */
+export function checkPlanSemantics(plan: unknown): PlanSemanticIssue[] {
+  const issues: Issue[] = [];
+  if (!isRecord(plan)) return issues;
+  const defaults = isRecord(plan.defaults) ? readDelays(plan.defaults.retry) : { ok: true };
+  const defaultsFrom = (field: 'initial' | 'max'): string =>
+    defaults[field] === undefined ? 'the default' : 'from defaults.retry';
+  if (defaults.ok) {
+    const initial = defaults.initial ?? DEFAULT_RETRY_POLICY.initialDelayMs;
+    const max = defaults.max ?? DEFAULT_RETRY_POLICY.maxDelayMs;
+    if (max < initial && (defaults.initial !== undefined || defaults.max !== undefined)) {
+      const from = (field: 'initial' | 'max'): string =>
+        defaults[field] === undefined ? 'the default' : '';
+      issues.push({
+        path: ['defaults', 'retry'],
+        message: retryOrderMessage(max, from('max'), initial, from('initial')),
+      });
+    }
+  }
+
+  const steps = plan.steps;
+  // Past the limit zod already refuses the plan; skip the graph work.
+  if (!Array.isArray(steps) || steps.length > MAX_PLAN_STEPS) return issues;
+
+  const firstIndex = new Map<string, number>();
+  let allIdsReadable = true;
+  steps.forEach((step: unknown, i) => {
+    const id = isRecord(step) ? step.id : undefined;
+    if (typeof id !== 'string') {
+      allIdsReadable = false;
+      return;
+    }
+    const first = firstIndex.get(id);
+    if (first === undefined) firstIndex.set(id, i);
+    else {
+      issues.push({
+        path: ['steps', i, 'id'],
+        message: `duplicate step id ${JSON.stringify(id)} (first used by steps[${first}])`,
+      });
+    }
+  });
+
+  const edges = new Map<string, string[]>();
+  steps.forEach((step: unknown, i) => {
+    if (!isRecord(step)) return;
+    const id = typeof step.id === 'string' ? step.id : undefined;
+    const own: string[] | undefined = id !== undefined && firstIndex.get(id) === i ? [] : undefined;
+    if (own !== undefined) edges.set(id!, own);
+
+    if (Array.isArray(step.dependsOn)) {
+      const seen = new Map<string, number>();
+      step.dependsOn.forEach((dep: unknown, j) => {
+        if (typeof dep !== 'string') return;
+        const path = ['steps', i, 'dependsOn', j];
+        const earlier = seen.get(dep);
+        if (earlier !== undefined) {
+          issues.push({
+            path,
+            message: `duplicate dependency ${JSON.stringify(dep)} (already listed at dependsOn[${earlier}])`,
+          });
+          return;
+        }
+        seen.set(dep, j);
+        if (dep === id) {
+          issues.push({ path, message: `step ${JSON.stringify(dep)} depends on itself` });
+          return;
+        }
+        if (!firstIndex.has(dep)) {
+          // With an unreadable id somewhere, "unknown" might be wrong: zod reports the id instead.
+          if (!allIdsReadable) return;
+          const guess = closestMatch(dep, firstIndex.keys());
+          issues.push({
+            path,
+            message: `unknown step ${JSON.stringify(dep)}${guess === undefined ? '' : ` (did you mean ${JSON.stringify(guess)}?)`}`,
+          });
+          return;
+        }
+        own?.push(dep);
+      });
+    }
+
+    if (isRecord(step.retry) && defaults.ok) {
+      const mine = readDelays(step.retry);
+      if (mine.ok && (mine.initial !== undefined || mine.max !== undefined)) {
+        const initial = mine.initial ?? defaults.initial ?? DEFAULT_RETRY_POLICY.initialDelayMs;
+        const max = mine.max ?? defaults.max ?? DEFAULT_RETRY_POLICY.maxDelayMs;
+        if (max < initial) {
+          issues.push({
+            path: ['steps', i, 'retry'],
+            message: retryOrderMessage(
+              max,
+              mine.max === undefined ? defaultsFrom('max') : '',
+              initial,
+              mine.initial === undefined ? defaultsFrom('initial') : '',
+            ),
+          });
+        }
+      }
+    }
+  });
+
+  const ids = [...edges.keys()];
+  for (const { cycle, component } of findDependencyCycles(ids, (id) => edges.get(id) ?? [])) {
+    const start = cycle[0]!;
+    const others = component.filter((id) => !cycle.includes(id));
+    issues.push({
+      path: ['steps', firstIndex.get(start)!, 'dependsOn'],
+      message:
+        `dependency cycle ${[...cycle, start].join(' → ')} (each step depends on the next; remove one of these dependencies)` +
+        (others.length === 0 ? '' : `; also caught in cycles with them: ${others.join(', ')}`),
+    });
+  }
+  return issues;
+}
+
+function resolvePlan(plan: WrittenPlan): Plan {
+  const defaults = plan.defaults?.retry;
+  return {
+    ...plan,
+    steps: plan.steps.map((step) => ({ ...step, retry: resolveRetryPolicy(step.retry, defaults) })),
+  };
+}
+
+/**
+ * A plan: structure, then semantic checks, then each step's retry policy resolved. Zod skips the
+ * semantic checks after some structural problems; `parsePlan` always runs them, and reports with
+ * paths like `steps[2].dependsOn[0]`.
+ */
+export const planSchema = planObjectSchema
+  .superRefine(
+    (plan, ctx) => {
+      for (const issue of checkPlanSemantics(plan)) ctx.addIssue({ code: 'custom', ...issue });
+    },
+    // Also after most structural problems (zod still skips it after an aborting one).
+    { when: () => true },
+  )
+  .transform(resolvePlan);
+
+/** A plan as an author writes it (defaults may be left out). */
+export type PlanInput = z.input<typeof planSchema>;
