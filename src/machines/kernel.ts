@@ -1,0 +1,180 @@
+import { createActor, type Actor } from 'xstate';
+import { EventValidationError, InvariantError, type ValidationIssue } from '../errors.js';
+import type { Plan } from '../plan/schema.js';
+import { runEventSchema, type RunEvent } from '../schemas/events.js';
+import { zodIssuesToValidationIssues } from '../schemas/issues.js';
+import { runMachine, type RunContext } from './run-machine.js';
+import { deriveRunStatus } from './run-status.js';
+import type { PlannedAction, RunStatus, StepContext, StepStatus } from './types.js';
+
+/**
+ * A run's persisted snapshot: the run machine's state with one child snapshot per step. Plain JSON;
+ * this is what the snapshot store keeps. Treat it as opaque outside `src/machines`.
+ */
+export interface RunSnapshot {
+  status: 'active' | 'done' | 'error' | 'stopped';
+  value: string;
+  context: RunContext;
+  children: Record<
+    string,
+    {
+      snapshot: { status: string; value: StepStatus; context: StepContext };
+      src: string;
+      [key: string]: unknown;
+    }
+  >;
+  [key: string]: unknown;
+}
+
+/** A step's state moving, as recorded in the run's event stream. */
+export interface StepChange {
+  stepId: string;
+  from: StepStatus;
+  to: StepStatus;
+  attempt: number;
+}
+
+/** The result of feeding one event to a run: its next snapshot and what must happen outside. */
+export interface RunTransition {
+  snapshot: RunSnapshot;
+  status: RunStatus;
+  /** Planned actions, in the order the machines planned them. */
+  planned: PlannedAction[];
+  /** Step state changes, in the order they happened. */
+  changes: StepChange[];
+  /** False when the event changed nothing (a stale attempt, approving a step that is not waiting, …). */
+  accepted: boolean;
+}
+
+/**
+ * Why not xstate's pure `transition()`: it does not deliver `sendTo` / `sendParent` between a run
+ * and its child step actors (those come back as unexecuted actions). So the kernel restores the run
+ * as an in-memory actor system, feeds it one event, lets parent and children settle synchronously,
+ * and reads the persisted snapshot back. No clock, timer, randomness or I/O is involved: the result
+ * is a function of (snapshot, event) alone, which the replay tests check.
+ */
+function settle(
+  make: () => Actor<typeof runMachine>,
+  feed: ((actor: Actor<typeof runMachine>) => void) | null,
+  before: RunContext | null,
+): RunTransition {
+  const planned: PlannedAction[] = [];
+  let failure: unknown;
+  const actor = make();
+  actor.on('planned', (e) => planned.push(e.action));
+  const sub = actor.subscribe({ error: (err) => (failure = err) });
+  actor.start();
+  feed?.(actor);
+  const snapshot = actor.getPersistedSnapshot() as unknown as RunSnapshot;
+  sub.unsubscribe();
+  actor.stop();
+  if (failure !== undefined || snapshot.status === 'error') {
+    throw new InvariantError(`run machine failed: ${String(failure ?? snapshot['error'])}`, {
+      cause: failure,
+    });
+  }
+  const context = snapshot.context;
+  const changes = diffSteps(before, context);
+  return {
+    snapshot,
+    status: statusOf(context),
+    planned,
+    changes,
+    accepted:
+      before === null || changes.length > 0 || (before.cancel === null && context.cancel !== null),
+  };
+}
+
+function diffSteps(before: RunContext | null, after: RunContext): StepChange[] {
+  const changes: StepChange[] = [];
+  for (const id of after.order) {
+    const prev = before?.steps[id] ?? { status: 'PENDING' as const, attempt: 0 };
+    const next = after.steps[id];
+    if (next === undefined) continue;
+    if (prev.status !== next.status || prev.attempt !== next.attempt) {
+      changes.push({ stepId: id, from: prev.status, to: next.status, attempt: next.attempt });
+    }
+  }
+  return changes;
+}
+
+function statusOf(context: RunContext): RunStatus {
+  return deriveRunStatus({
+    steps: context.steps,
+    dependsOn: context.dependsOn,
+    cancelRequested: context.cancel !== null,
+  });
+}
+
+/** Options of {@link startRun}. */
+export interface StartRunOptions {
+  runId: string;
+  /** Creation time, epoch ms. */
+  at: number;
+}
+
+/** Creates a run from a parsed plan: spawns its steps and starts those with no dependencies. */
+export function startRun(plan: Plan, { runId, at }: StartRunOptions): RunTransition {
+  return settle(() => createActor(runMachine, { input: { runId, plan, at } }), null, null);
+}
+
+/** Checks that `event` is a run event and names a step of this run; throws `EventValidationError`. */
+export function validateRunEvent(snapshot: RunSnapshot, event: unknown): RunEvent {
+  const parsed = runEventSchema.safeParse(event);
+  if (!parsed.success) {
+    throw new EventValidationError(zodIssuesToValidationIssues(parsed.error.issues, 'event'));
+  }
+  const e = parsed.data;
+  if ('stepId' in e && !(e.stepId in snapshot.context.steps)) {
+    const issue: ValidationIssue = {
+      path: 'event.stepId',
+      message: `unknown step "${e.stepId}"; this run has: ${snapshot.context.order.join(', ')}`,
+    };
+    throw new EventValidationError([issue]);
+  }
+  return e;
+}
+
+/**
+ * Feeds one event to a run and returns its next snapshot, the planned actions and the step changes.
+ * Pure: the same snapshot and event always give the same result. Throws `EventValidationError`
+ * (nothing changes) when the event is malformed or names an unknown step.
+ */
+export function advanceRun(snapshot: RunSnapshot, event: unknown): RunTransition {
+  const valid = validateRunEvent(snapshot, event);
+  // A run that has ended never changes: no actor is even restored.
+  if (snapshot.status !== 'active') {
+    return {
+      snapshot,
+      status: statusOf(snapshot.context),
+      planned: [],
+      changes: [],
+      accepted: false,
+    };
+  }
+  return settle(
+    // With a snapshot, xstate restores it and ignores `input`.
+    () => createActor(runMachine, { snapshot: snapshot as never, input: undefined as never }),
+    (actor) => actor.send(valid),
+    snapshot.context,
+  );
+}
+
+/** The run's status, read from its snapshot. */
+export function runStatus(snapshot: RunSnapshot): RunStatus {
+  return statusOf(snapshot.context);
+}
+
+/** A step as read from a run snapshot: its state and its context (attempts, output, error, …). */
+export interface StepState extends StepContext {
+  status: StepStatus;
+}
+
+/** Every step of a run, in plan order, read from its snapshot. */
+export function runSteps(snapshot: RunSnapshot): StepState[] {
+  return snapshot.context.order.map((id) => {
+    const child = snapshot.children[id];
+    if (child === undefined) throw new InvariantError(`run snapshot has no child for step "${id}"`);
+    return { ...child.snapshot.context, status: child.snapshot.value };
+  });
+}

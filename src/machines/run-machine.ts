@@ -1,0 +1,245 @@
+import { assign, emit, enqueueActions, sendTo, setup } from 'xstate';
+import type { Plan } from '../plan/schema.js';
+import { stepNeedsApproval } from '../plan/schema.js';
+import type { RunEvent } from '../schemas/events.js';
+import { deriveRunStatus } from './run-status.js';
+import { stepMachine, type StepInput } from './step-machine.js';
+import {
+  StepReason,
+  isFinalStepStatus,
+  type PlannedAction,
+  type StepReport,
+  type StepView,
+} from './types.js';
+
+/** Input of a run machine. */
+export interface RunInput {
+  runId: string;
+  plan: Plan;
+  /** Creation time (epoch ms). */
+  at: number;
+}
+
+/** Who cancelled the run, when and why. */
+export interface CancelRequest {
+  by: string | null;
+  reason: string | null;
+  at: number;
+}
+
+/** The context of a run machine: plain JSON. The full plan is stored beside the run, not here. */
+export interface RunContext {
+  runId: string;
+  planName: string;
+  /** Step ids in plan order. */
+  order: string[];
+  dependsOn: Record<string, string[]>;
+  /** The run's view of each step, kept current by the steps' reports. */
+  steps: Record<string, StepView>;
+  cancel: CancelRequest | null;
+  /**
+   * Steps the run has ordered cancelled (run cancel, failed dependency) whose own report has not
+   * arrived yet, so that no second order is sent to them meanwhile.
+   */
+  cancelOrdered: string[];
+  createdAt: number;
+  updatedAt: number;
+}
+
+/** A step's report to its run (sent by the step machine's `report` action). */
+export type StepReportedEvent = { type: 'step.reported' } & StepReport;
+
+/** What the run machine emits: one planned action at a time, collected by the host. */
+export interface PlannedEmitted {
+  type: 'planned';
+  action: PlannedAction;
+}
+
+const statusOf = (context: RunContext) =>
+  deriveRunStatus({
+    steps: context.steps,
+    dependsOn: context.dependsOn,
+    cancelRequested: context.cancel !== null,
+  });
+
+const satisfied = (view: StepView | undefined): boolean =>
+  view !== undefined && (view.status === 'SUCCEEDED' || view.status === 'SKIPPED');
+
+function stepInputs(plan: Plan, at: number): StepInput[] {
+  return plan.steps.map((step) => ({
+    stepId: step.id,
+    needsApproval: stepNeedsApproval(step),
+    retry: {
+      maxAttempts: step.retry.maxAttempts,
+      initialDelayMs: step.retry.initialDelayMs,
+      backoffCoefficient: step.retry.backoffCoefficient,
+      maxDelayMs: step.retry.maxDelayMs,
+      jitter: step.retry.jitter,
+    },
+    at,
+  }));
+}
+
+/**
+ * The machine of one run. It owns one child step actor per step of the plan (actor id = step id),
+ * starts the steps whose dependencies are met (all of them at once when several are ready: fan-out),
+ * forwards each event about a step to that step's actor, and derives its status from the steps'
+ * reports: `running`, `waiting`, then one of the final `succeeded`, `failed`, `cancelled`.
+ *
+ * Dependents of a step that failed finally, was rejected or was cancelled are CANCELLED with reason
+ * `upstream_failed` (they will never run), transitively; steps on independent branches go on, and
+ * the run ends `failed` once nothing can move. A SKIPPED step satisfies its dependents.
+ *
+ * Pure: it reads no clock and draws no random number; what must happen outside is emitted as
+ * `planned` events (see {@link PlannedAction}) for the host to carry out.
+ */
+export const runMachine = setup({
+  types: {
+    context: {} as RunContext,
+    events: {} as RunEvent | StepReportedEvent,
+    input: {} as RunInput,
+    emitted: {} as PlannedEmitted,
+  },
+  actors: { step: stepMachine },
+  guards: {
+    isSucceeded: ({ context }) => statusOf(context) === 'succeeded',
+    isFailed: ({ context }) => statusOf(context) === 'failed',
+    isCancelled: ({ context }) => statusOf(context) === 'cancelled',
+    isWaiting: ({ context }) => statusOf(context) === 'waiting',
+    isRunning: ({ context }) => statusOf(context) === 'running',
+    isFirstCancel: ({ context }) => context.cancel === null,
+    // Events about a step that has ended are dropped here: a final step never changes.
+    isStepOpen: ({ context, event }) => {
+      const view = 'stepId' in event ? context.steps[event.stepId] : undefined;
+      return view !== undefined && !isFinalStepStatus(view.status);
+    },
+  },
+  actions: {
+    forwardToStep: sendTo(
+      ({ event }) => (event as { stepId: string }).stepId,
+      ({ event }) => event as never,
+    ),
+  },
+}).createMachine({
+  id: 'run',
+  context: ({ input }) => ({
+    runId: input.runId,
+    planName: input.plan.name,
+    order: input.plan.steps.map((s) => s.id),
+    dependsOn: Object.fromEntries(input.plan.steps.map((s) => [s.id, [...s.dependsOn]])),
+    steps: Object.fromEntries(
+      input.plan.steps.map((s) => [s.id, { status: 'PENDING', attempt: 0 }]),
+    ),
+    cancel: null,
+    cancelOrdered: [],
+    createdAt: input.at,
+    updatedAt: input.at,
+  }),
+  entry: enqueueActions(({ enqueue, context, event }) => {
+    const { plan, at } = (event as unknown as { input: RunInput }).input;
+    for (const stepInput of stepInputs(plan, at)) {
+      enqueue.spawnChild('step', { id: stepInput.stepId, input: stepInput });
+    }
+    for (const id of context.order) {
+      if ((context.dependsOn[id] ?? []).length === 0) enqueue.sendTo(id, { type: 'deps.met', at });
+    }
+  }),
+  initial: 'running',
+  on: {
+    'step.succeeded': { guard: 'isStepOpen', actions: 'forwardToStep' },
+    'step.failed': { guard: 'isStepOpen', actions: 'forwardToStep' },
+    'step.skipped': { guard: 'isStepOpen', actions: 'forwardToStep' },
+    'gate.approved': { guard: 'isStepOpen', actions: 'forwardToStep' },
+    'gate.rejected': { guard: 'isStepOpen', actions: 'forwardToStep' },
+    'retry.due': { guard: 'isStepOpen', actions: 'forwardToStep' },
+    'run.cancelled': {
+      guard: 'isFirstCancel',
+      actions: [
+        assign({
+          cancel: ({ event }) => ({
+            by: event.by ?? null,
+            reason: event.reason ?? null,
+            at: event.at,
+          }),
+          updatedAt: ({ event }) => event.at,
+        }),
+        enqueueActions(({ enqueue, context, event }) => {
+          const ordered: string[] = [];
+          for (const id of context.order) {
+            const view = context.steps[id];
+            if (view === undefined || isFinalStepStatus(view.status)) continue;
+            if (context.cancelOrdered.includes(id)) continue;
+            ordered.push(id);
+            enqueue.sendTo(id, {
+              type: 'step.cancel',
+              reason: StepReason.runCancelled,
+              at: event.at,
+            });
+          }
+          enqueue.assign({ cancelOrdered: ({ context: c }) => [...c.cancelOrdered, ...ordered] });
+        }),
+      ],
+    },
+    'step.reported': {
+      actions: [
+        assign({
+          steps: ({ context, event }) => ({
+            ...context.steps,
+            [event.stepId]: { status: event.status, attempt: event.attempt },
+          }),
+          updatedAt: ({ context, event }) => Math.max(context.updatedAt, event.at),
+          cancelOrdered: ({ context, event }) =>
+            isFinalStepStatus(event.status)
+              ? context.cancelOrdered.filter((id) => id !== event.stepId)
+              : context.cancelOrdered,
+        }),
+        enqueueActions(({ enqueue, context, event }) => {
+          if (event.planned !== null) enqueue(emit({ type: 'planned', action: event.planned }));
+          const status = event.status;
+          const unblocks = status === 'SUCCEEDED' || status === 'SKIPPED';
+          const blocks = status === 'FAILED_FINAL' || status === 'CANCELLED';
+          if (!unblocks && !blocks) return;
+          const blocked: string[] = [];
+          for (const id of context.order) {
+            const deps = context.dependsOn[id] ?? [];
+            if (!deps.includes(event.stepId) || context.steps[id]?.status !== 'PENDING') continue;
+            if (context.cancelOrdered.includes(id)) continue;
+            if (blocks) {
+              blocked.push(id);
+              enqueue.sendTo(id, { type: 'deps.failed', causeStepId: event.stepId, at: event.at });
+            } else if (deps.every((d) => satisfied(context.steps[d]))) {
+              enqueue.sendTo(id, { type: 'deps.met', at: event.at });
+            }
+          }
+          if (blocked.length > 0) {
+            enqueue.assign({ cancelOrdered: ({ context: c }) => [...c.cancelOrdered, ...blocked] });
+          }
+        }),
+      ],
+    },
+  },
+  states: {
+    running: {
+      always: [
+        { guard: 'isSucceeded', target: 'succeeded' },
+        { guard: 'isFailed', target: 'failed' },
+        { guard: 'isCancelled', target: 'cancelled' },
+        { guard: 'isWaiting', target: 'waiting' },
+      ],
+    },
+    waiting: {
+      always: [
+        { guard: 'isSucceeded', target: 'succeeded' },
+        { guard: 'isFailed', target: 'failed' },
+        { guard: 'isCancelled', target: 'cancelled' },
+        { guard: 'isRunning', target: 'running' },
+      ],
+    },
+    succeeded: { type: 'final' },
+    failed: { type: 'final' },
+    cancelled: { type: 'final' },
+  },
+});
+
+/** The run machine's logic type. */
+export type RunMachine = typeof runMachine;

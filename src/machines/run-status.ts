@@ -1,0 +1,40 @@
+import { isFinalStepStatus, type RunStatus, type StepView } from './types.js';
+
+/** What the run's status is derived from. */
+export interface RunStatusInput {
+  steps: Readonly<Record<string, StepView>>;
+  dependsOn: Readonly<Record<string, readonly string[]>>;
+  cancelRequested: boolean;
+}
+
+const satisfies = (view: StepView | undefined): boolean =>
+  view !== undefined && (view.status === 'SUCCEEDED' || view.status === 'SKIPPED');
+
+/**
+ * The run's status, derived from its steps (never stored apart from them):
+ * - every step final: `cancelled` if cancel was requested, else `failed` if any step failed finally
+ *   or was cancelled (a step is only cancelled without a run cancel when upstream of it failed),
+ *   else `succeeded` (every step SUCCEEDED or SKIPPED);
+ * - otherwise `running` while any step is running, ready (or pending with its dependencies met) or
+ *   due for a retry, else `waiting` (only a
+ *   person approving or rejecting a gate can move the run on).
+ */
+export function deriveRunStatus({ steps, dependsOn, cancelRequested }: RunStatusInput): RunStatus {
+  let allFinal = true;
+  let anyFailed = false;
+  let anyActive = false;
+  for (const [id, view] of Object.entries(steps)) {
+    const s = view.status;
+    // A pending step whose dependencies are all met is about to start: it counts as active.
+    if (s === 'PENDING' && (dependsOn[id] ?? []).every((d) => satisfies(steps[d])))
+      anyActive = true;
+    if (!isFinalStepStatus(s)) allFinal = false;
+    if (s === 'FAILED_FINAL' || s === 'CANCELLED') anyFailed = true;
+    if (s === 'RUNNING' || s === 'READY' || s === 'FAILED_RETRYABLE') anyActive = true;
+  }
+  if (allFinal) {
+    if (cancelRequested) return 'cancelled';
+    return anyFailed ? 'failed' : 'succeeded';
+  }
+  return anyActive ? 'running' : 'waiting';
+}

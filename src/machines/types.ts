@@ -1,0 +1,117 @@
+import type { SerializedError } from '../errors.js';
+import type { JsonValue } from '../internal/json.js';
+
+/** The nine states of a step (seed 002 §2). */
+export const StepStatus = {
+  PENDING: 'PENDING',
+  READY: 'READY',
+  RUNNING: 'RUNNING',
+  SUCCEEDED: 'SUCCEEDED',
+  FAILED_RETRYABLE: 'FAILED_RETRYABLE',
+  FAILED_FINAL: 'FAILED_FINAL',
+  WAITING_APPROVAL: 'WAITING_APPROVAL',
+  SKIPPED: 'SKIPPED',
+  CANCELLED: 'CANCELLED',
+} as const;
+/** A value of {@link StepStatus}. */
+export type StepStatus = (typeof StepStatus)[keyof typeof StepStatus];
+
+/** Step states that never change again. */
+export const FINAL_STEP_STATUSES: readonly StepStatus[] = [
+  'SUCCEEDED',
+  'FAILED_FINAL',
+  'SKIPPED',
+  'CANCELLED',
+];
+
+/** True for a state a step never leaves. */
+export function isFinalStepStatus(status: StepStatus): boolean {
+  return FINAL_STEP_STATUSES.includes(status);
+}
+
+/** The states a run is in, derived from its steps. */
+export const RunStatus = {
+  running: 'running',
+  waiting: 'waiting',
+  succeeded: 'succeeded',
+  failed: 'failed',
+  cancelled: 'cancelled',
+} as const;
+/** A value of {@link RunStatus}. */
+export type RunStatus = (typeof RunStatus)[keyof typeof RunStatus];
+
+/** Why a step ended where it did, when that is not plain success. */
+export const StepReason = {
+  /** A gate was rejected by a person. */
+  approvalRejected: 'approval_rejected',
+  /** The last allowed attempt failed with a retryable error. */
+  retriesExhausted: 'retries_exhausted',
+  /** An attempt failed with an error that is not retryable. */
+  nonRetryableError: 'non_retryable_error',
+  /** A step this one depends on failed finally, was rejected or was cancelled. */
+  upstreamFailed: 'upstream_failed',
+  /** The run was cancelled. */
+  runCancelled: 'run_cancelled',
+} as const;
+
+/** Who decided on a gate, when, and why. */
+export interface Decision {
+  by: string;
+  at: number;
+  comment: string | null;
+}
+
+/**
+ * Something that must happen outside the machines. The machines only plan; the actor host carries
+ * these out (enqueue a job, schedule a delayed job, notify an approver, abort a running attempt).
+ */
+export type PlannedAction =
+  | { type: 'step.execute'; stepId: string; attempt: number }
+  | { type: 'step.scheduleRetry'; stepId: string; attempt: number; at: number; delayMs: number }
+  | { type: 'step.requestApproval'; stepId: string }
+  | { type: 'step.abort'; stepId: string; attempt: number };
+
+/** What a step tells its run each time it enters a state. */
+export interface StepReport {
+  stepId: string;
+  status: StepStatus;
+  attempt: number;
+  planned: PlannedAction | null;
+  /** Time of the event that moved the step (epoch ms). */
+  at: number;
+}
+
+/** The run's view of one step: enough to decide readiness and the run's status. */
+export interface StepView {
+  status: StepStatus;
+  attempt: number;
+}
+
+/** The context of a step machine: plain JSON. */
+export interface StepContext {
+  stepId: string;
+  needsApproval: boolean;
+  retry: {
+    maxAttempts: number;
+    initialDelayMs: number;
+    backoffCoefficient: number;
+    maxDelayMs: number;
+    jitter: number;
+  };
+  /** Attempts started so far; the running attempt's number while RUNNING. */
+  attempt: number;
+  approval: Decision | null;
+  rejection: Decision | null;
+  output: JsonValue | null;
+  /** The last error of a failed attempt. */
+  error: SerializedError | null;
+  /** When the scheduled retry is due (epoch ms), while FAILED_RETRYABLE. */
+  retryAt: number | null;
+  /** A {@link StepReason} (or a skip reason given by the caller) for terminal states other than SUCCEEDED. */
+  reason: string | null;
+  /** The step the failure came from, when CANCELLED because of an upstream failure. */
+  causeStepId: string | null;
+  /** Set when a RUNNING attempt was cancelled, so the host aborts it. */
+  abortedAttempt: number | null;
+  updatedAt: number;
+}

@@ -1,0 +1,88 @@
+import { z } from 'zod';
+import { jsonValueSchema } from '../internal/json.js';
+import { serializedErrorSchema } from './error.js';
+
+/** Epoch milliseconds. Time enters the core only through events. */
+const at = z.number().int().nonnegative();
+const stepId = z.string().min(1);
+const attempt = z.number().int().min(1);
+
+/** Attempt `attempt` of step `stepId` finished and returned `output`. */
+export const stepSucceededSchema = z
+  .object({ type: z.literal('step.succeeded'), stepId, attempt, output: jsonValueSchema, at })
+  .strict();
+
+/**
+ * Attempt `attempt` failed with `error`. `jitterSeed` (a 32-bit integer drawn by the sender) decides
+ * the retry jitter, so replaying the event schedules the retry at the same time.
+ */
+export const stepFailedSchema = z
+  .object({
+    type: z.literal('step.failed'),
+    stepId,
+    attempt,
+    error: serializedErrorSchema,
+    jitterSeed: z.number().int().min(0).max(0xffffffff),
+    at,
+  })
+  .strict();
+
+/**
+ * The step is skipped: with `attempt`, the running attempt decided there is nothing to do; without,
+ * a step that has not run (pending, waiting for approval or for a retry) is skipped by request.
+ */
+export const stepSkippedSchema = z
+  .object({
+    type: z.literal('step.skipped'),
+    stepId,
+    attempt: attempt.optional(),
+    reason: z.string().min(1),
+    at,
+  })
+  .strict();
+
+const decision = { stepId, by: z.string().min(1), comment: z.string().optional(), at };
+/** A person approved the gate of a step waiting for approval. */
+export const gateApprovedSchema = z
+  .object({ type: z.literal('gate.approved'), ...decision })
+  .strict();
+/** A person rejected the gate of a step waiting for approval. */
+export const gateRejectedSchema = z
+  .object({ type: z.literal('gate.rejected'), ...decision })
+  .strict();
+
+/** The backoff of a failed step has elapsed: start attempt `attempt`. */
+export const retryDueSchema = z
+  .object({ type: z.literal('retry.due'), stepId, attempt, at })
+  .strict();
+
+/** Cancellation of the whole run was requested. */
+export const runCancelledSchema = z
+  .object({
+    type: z.literal('run.cancelled'),
+    by: z.string().min(1).optional(),
+    reason: z.string().min(1).optional(),
+    at,
+  })
+  .strict();
+
+/** Every event a run accepts from outside. */
+export const runEventSchema = z.discriminatedUnion('type', [
+  stepSucceededSchema,
+  stepFailedSchema,
+  stepSkippedSchema,
+  gateApprovedSchema,
+  gateRejectedSchema,
+  retryDueSchema,
+  runCancelledSchema,
+]);
+
+export type StepSucceededEvent = z.infer<typeof stepSucceededSchema>;
+export type StepFailedEvent = z.infer<typeof stepFailedSchema>;
+export type StepSkippedEvent = z.infer<typeof stepSkippedSchema>;
+export type GateApprovedEvent = z.infer<typeof gateApprovedSchema>;
+export type GateRejectedEvent = z.infer<typeof gateRejectedSchema>;
+export type RetryDueEvent = z.infer<typeof retryDueSchema>;
+export type RunCancelledEvent = z.infer<typeof runCancelledSchema>;
+/** An event a run accepts from outside (validated by {@link runEventSchema}). */
+export type RunEvent = z.infer<typeof runEventSchema>;

@@ -1,0 +1,74 @@
+import { fromTransition } from 'xstate';
+import { advanceRun, runSteps, startRun, type RunSnapshot } from '../../src/machines/kernel.js';
+import type { Plan } from '../../src/plan/schema.js';
+import type { RunEvent } from '../../src/schemas/events.js';
+import { e } from './run-trace.js';
+
+/**
+ * The kernel as xstate actor logic, so that @xstate/graph can walk it: the state is the run's
+ * persisted snapshot, the transition is `advanceRun`.
+ */
+export function runLogic(plan: Plan) {
+  const initial = startRun(plan, { runId: 'g', at: 0 }).snapshot;
+  return fromTransition(
+    (snapshot: RunSnapshot, event: RunEvent) => advanceRun(snapshot, event).snapshot,
+    initial,
+  );
+}
+
+/**
+ * Every event that could matter in this state: each step's outcomes for its current attempt, a stale
+ * attempt, approvals, retries due (right and wrong attempt), skip requests, and cancel.
+ */
+export function candidateEvents(snapshot: RunSnapshot): RunEvent[] {
+  const out: RunEvent[] = [];
+  for (const s of runSteps(snapshot)) {
+    const n = s.attempt;
+    switch (s.status) {
+      case 'RUNNING':
+        out.push(e.ok(s.stepId, n), e.fail(s.stepId, n, true), e.fail(s.stepId, n, false));
+        if (n > 1) out.push(e.ok(s.stepId, n - 1));
+        break;
+      case 'WAITING_APPROVAL':
+        out.push(e.approve(s.stepId), e.reject(s.stepId), e.skip(s.stepId));
+        break;
+      case 'FAILED_RETRYABLE':
+        out.push(e.due(s.stepId, n + 1), e.due(s.stepId, n));
+        break;
+      case 'PENDING':
+        out.push(e.skip(s.stepId));
+        break;
+      default:
+        out.push(e.ok(s.stepId, Math.max(n, 1)));
+    }
+  }
+  out.push(e.cancel());
+  return out;
+}
+
+/** A stable key of a run state for graph traversal. */
+export function serializeRun(snapshot: RunSnapshot): string {
+  return JSON.stringify([
+    snapshot.value,
+    runSteps(snapshot).map((s) => [s.status, s.attempt]),
+    snapshot.context.cancel !== null,
+  ]);
+}
+
+/** A state of an adjacency map with its outgoing edges, typed. */
+export interface Node<S, E> {
+  state: S;
+  edges: { event: E; next: S }[];
+}
+
+/** The adjacency map of @xstate/graph as a typed list of nodes (its index type is loose). */
+export function nodesOf<S, E>(map: object): Node<S, E>[] {
+  const values = Object.values(map) as {
+    state: S;
+    transitions: Record<string, { event: E; state: S }>;
+  }[];
+  return values.map(({ state, transitions }) => ({
+    state,
+    edges: Object.values(transitions).map(({ event, state: next }) => ({ event, next })),
+  }));
+}

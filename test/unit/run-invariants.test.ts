@@ -1,0 +1,149 @@
+import { getAdjacencyMap, getSimplePaths } from '@xstate/graph';
+import { describe, expect, it } from 'vitest';
+import type { SnapshotFrom } from 'xstate';
+import { advanceRun, runStatus, runSteps, type RunSnapshot } from '../../src/machines/kernel.js';
+import { isFinalStepStatus } from '../../src/machines/types.js';
+import type { RunEvent } from '../../src/schemas/events.js';
+import { candidateEvents, nodesOf, runLogic, serializeRun } from '../helpers/run-graph.js';
+import { planOf } from '../helpers/run-trace.js';
+
+type Logic = ReturnType<typeof runLogic>;
+type Wrapped = SnapshotFrom<Logic>;
+
+const retry = { maxAttempts: 2 };
+const diamondWithGate = planOf([
+  { id: 'a', kind: 'operator', operator: 'op', retry },
+  { id: 'b', kind: 'operator', operator: 'op', dependsOn: ['a'], gate: {}, retry },
+  { id: 'c', kind: 'operator', operator: 'op', dependsOn: ['a'], retry },
+  { id: 'd', kind: 'operator', operator: 'op', dependsOn: ['b', 'c'], retry },
+]);
+const gatedLine = planOf([
+  { id: 'a', kind: 'operator', operator: 'op', retry },
+  { id: 'b', kind: 'human_gate', dependsOn: ['a'], retry },
+]);
+
+const FINAL_RUN = ['succeeded', 'failed', 'cancelled'];
+
+/** Invariants of one state. */
+function checkState(s: RunSnapshot): void {
+  const steps = runSteps(s);
+  // The machine's state is the status derived from its steps.
+  expect(s.value).toBe(runStatus(s));
+  // A run succeeds only when every step SUCCEEDED or was SKIPPED.
+  if (s.value === 'succeeded') {
+    for (const step of steps) expect(['SUCCEEDED', 'SKIPPED']).toContain(step.status);
+  }
+  // A final run has only final steps.
+  if (FINAL_RUN.includes(s.value))
+    for (const step of steps) expect(isFinalStepStatus(step.status)).toBe(true);
+  // The run's view of each step agrees with the step's own actor.
+  for (const step of steps) {
+    expect(s.context.steps[step.stepId]).toEqual({ status: step.status, attempt: step.attempt });
+  }
+}
+
+/** Invariants of one edge. */
+function checkEdge(prev: RunSnapshot, event: RunEvent, next: RunSnapshot): void {
+  const t = advanceRun(prev, event);
+  expect(t.snapshot).toEqual(next);
+  const before = new Map(runSteps(prev).map((x) => [x.stepId, x]));
+  const after = new Map(runSteps(next).map((x) => [x.stepId, x]));
+  // A final run stays final and unchanged.
+  if (FINAL_RUN.includes(prev.value)) {
+    expect(next).toEqual(prev);
+    expect(t.planned).toEqual([]);
+  }
+  for (const [id, b] of before) {
+    const a = after.get(id)!;
+    // A final step stays final and unchanged.
+    if (isFinalStepStatus(b.status)) expect(a).toEqual(b);
+    // Attempts only grow, by at most one per event.
+    expect(a.attempt - b.attempt).toBeGreaterThanOrEqual(0);
+    expect(a.attempt - b.attempt).toBeLessThanOrEqual(1);
+  }
+  // Each planned execution starts exactly the next attempt of a step that was not running:
+  // one step never has two attempts RUNNING.
+  const executes = t.planned.filter((p) => p.type === 'step.execute');
+  const perStep = new Set(executes.map((p) => p.stepId));
+  expect(perStep.size).toBe(executes.length);
+  for (const p of executes) {
+    const b = before.get(p.stepId)!;
+    const a = after.get(p.stepId)!;
+    expect(b.status).not.toBe('RUNNING');
+    expect(p.attempt).toBe(b.attempt + 1);
+    expect(a).toMatchObject({ status: 'RUNNING', attempt: p.attempt });
+  }
+  // A running attempt that gets cancelled is aborted outside, exactly once.
+  const aborts = t.planned.filter((p) => p.type === 'step.abort');
+  const cancelledWhileRunning = [...after].filter(
+    ([id, a]) => a.status === 'CANCELLED' && before.get(id)!.status === 'RUNNING',
+  );
+  expect(aborts.map((p) => `${p.stepId}#${p.attempt}`).sort()).toEqual(
+    cancelledWhileRunning.map(([id, a]) => `${id}#${a.attempt}`).sort(),
+  );
+  // And no step becomes RUNNING without a planned execution.
+  for (const [id, a] of after) {
+    const b = before.get(id)!;
+    if (a.status === 'RUNNING' && (b.status !== 'RUNNING' || b.attempt !== a.attempt)) {
+      expect(executes.map((p) => p.stepId)).toContain(id);
+    }
+  }
+}
+
+const traversal = {
+  events: (s: Wrapped) => candidateEvents(s.context),
+  serializeState: (s: Wrapped) => serializeRun(s.context),
+};
+
+describe('run machine invariants over the graph xstate enumerates', () => {
+  it('every reachable edge of a gated diamond keeps the invariants', () => {
+    const logic = runLogic(diamondWithGate);
+    const map = getAdjacencyMap(logic, traversal);
+    let edges = 0;
+    const finals = new Set<string>();
+    for (const { state, edges: out } of nodesOf<Wrapped, RunEvent>(map)) {
+      checkState(state.context);
+      for (const { event, next } of out) {
+        checkEdge(state.context, event, next.context);
+        edges++;
+        if (FINAL_RUN.includes(next.context.value)) finals.add(next.context.value);
+      }
+    }
+    // Enough of the space was walked for the checks to mean something.
+    expect(Object.keys(map).length).toBeGreaterThan(100);
+    expect(edges).toBeGreaterThan(500);
+    expect([...finals].sort()).toEqual(['cancelled', 'failed', 'succeeded']);
+  });
+
+  it('every simple path of a gated line keeps the invariants, and no attempt runs twice on a path', () => {
+    const logic = runLogic(gatedLine);
+    const paths = getSimplePaths(logic, traversal);
+    expect(paths.length).toBeGreaterThan(20);
+    const endings = new Set<string>();
+    for (const path of paths) {
+      const executed = new Set<string>();
+      let endedAs: string | null = null;
+      // path.steps[i].state is the state after path.steps[i].event; the first is the initial state.
+      for (const { state } of path.steps) {
+        checkState(state.context);
+        // Once the run is final, it stays as it ended.
+        if (endedAs !== null) expect(state.context.value).toBe(endedAs);
+        if (FINAL_RUN.includes(state.context.value)) endedAs = state.context.value;
+      }
+      // Replay the path's events and count planned executions per (step, attempt).
+      let snap = path.steps[0]!.state.context;
+      for (const { event } of path.steps.slice(1)) {
+        const t = advanceRun(snap, event);
+        for (const p of t.planned) {
+          if (p.type !== 'step.execute') continue;
+          const key = `${p.stepId}#${p.attempt}`;
+          expect(executed.has(key)).toBe(false);
+          executed.add(key);
+        }
+        snap = t.snapshot;
+      }
+      endings.add(path.state.context.value);
+    }
+    expect([...endings].sort()).toEqual(['cancelled', 'failed', 'running', 'succeeded', 'waiting']);
+  });
+});

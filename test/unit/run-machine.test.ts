@@ -1,0 +1,208 @@
+import { describe, expect, it } from 'vitest';
+import { advanceRun, runStatus, runSteps, startRun } from '../../src/machines/kernel.js';
+import { isFlujoError } from '../../src/errors.js';
+import { e, planOf, T0, trace } from '../helpers/run-trace.js';
+
+const line = planOf([
+  { id: 'fetch', kind: 'operator', operator: 'fetch' },
+  { id: 'report', kind: 'operator', operator: 'report', dependsOn: ['fetch'] },
+  { id: 'send', kind: 'operator', operator: 'send', dependsOn: ['report'] },
+]);
+
+const diamond = planOf([
+  { id: 'a', kind: 'operator', operator: 'op' },
+  { id: 'b', kind: 'operator', operator: 'op', dependsOn: ['a'] },
+  { id: 'c', kind: 'operator', operator: 'op', dependsOn: ['a'] },
+  { id: 'd', kind: 'operator', operator: 'op', dependsOn: ['b', 'c'] },
+]);
+
+const gated = planOf([
+  { id: 'draft', kind: 'operator', operator: 'draft' },
+  { id: 'review', kind: 'human_gate', dependsOn: ['draft'] },
+  { id: 'send', kind: 'operator', operator: 'send', dependsOn: ['review'] },
+]);
+
+describe('run machine traces', () => {
+  it('a 3-step line runs one step after the other', () => {
+    const t = trace(line, [e.ok('fetch'), e.ok('report'), e.ok('send')]);
+    expect(t.text).toMatchInlineSnapshot(`
+      "
+      start ⇒ running | fetch:PENDING→RUNNING | execute fetch#1
+      step.succeeded fetch#1 ⇒ running | fetch:RUNNING→SUCCEEDED report:PENDING→RUNNING | execute report#1
+      step.succeeded report#1 ⇒ running | report:RUNNING→SUCCEEDED send:PENDING→RUNNING | execute send#1
+      step.succeeded send#1 ⇒ succeeded | send:RUNNING→SUCCEEDED
+      end: fetch=SUCCEEDED report=SUCCEEDED send=SUCCEEDED
+      "
+    `);
+  });
+
+  it('a diamond fans out b and c together and joins on d', () => {
+    const t = trace(diamond, [e.ok('a'), e.ok('c'), e.ok('b'), e.ok('d')]);
+    expect(t.text).toMatchInlineSnapshot(`
+      "
+      start ⇒ running | a:PENDING→RUNNING | execute a#1
+      step.succeeded a#1 ⇒ running | a:RUNNING→SUCCEEDED b:PENDING→RUNNING c:PENDING→RUNNING | execute b#1, execute c#1
+      step.succeeded c#1 ⇒ running | c:RUNNING→SUCCEEDED
+      step.succeeded b#1 ⇒ running | b:RUNNING→SUCCEEDED d:PENDING→RUNNING | execute d#1
+      step.succeeded d#1 ⇒ succeeded | d:RUNNING→SUCCEEDED
+      end: a=SUCCEEDED b=SUCCEEDED c=SUCCEEDED d=SUCCEEDED
+      "
+    `);
+  });
+
+  it('a gate approved: the run waits, then goes on', () => {
+    const t = trace(gated, [e.ok('draft'), e.approve('review'), e.ok('review'), e.ok('send')]);
+    expect(t.text).toMatchInlineSnapshot(`
+      "
+      start ⇒ running | draft:PENDING→RUNNING | execute draft#1
+      step.succeeded draft#1 ⇒ waiting | draft:RUNNING→SUCCEEDED review:PENDING→WAITING_APPROVAL | ask approval review
+      gate.approved review ⇒ running | review:WAITING_APPROVAL→RUNNING | execute review#1
+      step.succeeded review#1 ⇒ running | review:RUNNING→SUCCEEDED send:PENDING→RUNNING | execute send#1
+      step.succeeded send#1 ⇒ succeeded | send:RUNNING→SUCCEEDED
+      end: draft=SUCCEEDED review=SUCCEEDED send=SUCCEEDED
+      "
+    `);
+    const review = runSteps(t.snapshot).find((s) => s.stepId === 'review');
+    expect(review?.approval).toEqual({ by: 'ana', at: T0 + 3000, comment: 'looks right' });
+  });
+
+  it('a gate rejected: the step fails finally and its dependents are cancelled', () => {
+    const t = trace(gated, [e.ok('draft'), e.reject('review')]);
+    expect(t.text).toMatchInlineSnapshot(`
+      "
+      start ⇒ running | draft:PENDING→RUNNING | execute draft#1
+      step.succeeded draft#1 ⇒ waiting | draft:RUNNING→SUCCEEDED review:PENDING→WAITING_APPROVAL | ask approval review
+      gate.rejected review ⇒ failed | review:WAITING_APPROVAL→FAILED_FINAL send:PENDING→CANCELLED
+      end: draft=SUCCEEDED review=FAILED_FINAL send=CANCELLED
+      "
+    `);
+    const review = runSteps(t.snapshot).find((s) => s.stepId === 'review');
+    expect(review).toMatchObject({
+      reason: 'approval_rejected',
+      rejection: { by: 'bo', comment: 'wrong recipient' },
+    });
+  });
+
+  it('a retryable failure retried twice, then succeeding', () => {
+    const t = trace(line, [
+      e.ok('fetch'),
+      e.fail('report', 1),
+      e.due('report', 2),
+      e.fail('report', 2),
+      e.due('report', 3),
+      e.ok('report', 3),
+      e.ok('send'),
+    ]);
+    expect(t.text).toMatchInlineSnapshot(`
+      "
+      start ⇒ running | fetch:PENDING→RUNNING | execute fetch#1
+      step.succeeded fetch#1 ⇒ running | fetch:RUNNING→SUCCEEDED report:PENDING→RUNNING | execute report#1
+      step.failed report#1 ⇒ running | report:RUNNING→FAILED_RETRYABLE | retry report#2 in 1000ms
+      retry.due report#2 ⇒ running | report:FAILED_RETRYABLE→RUNNING | execute report#2
+      step.failed report#2 ⇒ running | report:RUNNING→FAILED_RETRYABLE | retry report#3 in 2000ms
+      retry.due report#3 ⇒ running | report:FAILED_RETRYABLE→RUNNING | execute report#3
+      step.succeeded report#3 ⇒ running | report:RUNNING→SUCCEEDED send:PENDING→RUNNING | execute send#1
+      step.succeeded send#1 ⇒ succeeded | send:RUNNING→SUCCEEDED
+      end: fetch=SUCCEEDED report=SUCCEEDED send=SUCCEEDED
+      "
+    `);
+  });
+
+  it('a final failure: dependents are cancelled, an independent branch finishes, the run fails', () => {
+    const t = trace(diamond, [e.ok('a'), e.fail('b', 1, false), e.ok('c')]);
+    expect(t.text).toMatchInlineSnapshot(`
+      "
+      start ⇒ running | a:PENDING→RUNNING | execute a#1
+      step.succeeded a#1 ⇒ running | a:RUNNING→SUCCEEDED b:PENDING→RUNNING c:PENDING→RUNNING | execute b#1, execute c#1
+      step.failed b#1 ⇒ running | b:RUNNING→FAILED_FINAL d:PENDING→CANCELLED
+      step.succeeded c#1 ⇒ failed | c:RUNNING→SUCCEEDED
+      end: a=SUCCEEDED b=FAILED_FINAL c=SUCCEEDED d=CANCELLED
+      "
+    `);
+    const d = runSteps(t.snapshot).find((s) => s.stepId === 'd');
+    expect(d).toMatchObject({ status: 'CANCELLED', reason: 'upstream_failed', causeStepId: 'b' });
+  });
+
+  it('cancel in the middle of a run aborts what runs and cancels what waits', () => {
+    const t = trace(diamond, [e.ok('a'), e.ok('b'), e.cancel(), e.ok('c')]);
+    expect(t.text).toMatchInlineSnapshot(`
+      "
+      start ⇒ running | a:PENDING→RUNNING | execute a#1
+      step.succeeded a#1 ⇒ running | a:RUNNING→SUCCEEDED b:PENDING→RUNNING c:PENDING→RUNNING | execute b#1, execute c#1
+      step.succeeded b#1 ⇒ running | b:RUNNING→SUCCEEDED
+      run.cancelled ⇒ cancelled | c:RUNNING→CANCELLED d:PENDING→CANCELLED | abort c#1
+      step.succeeded c#1 ⇒ cancelled (ignored)
+      end: a=SUCCEEDED b=SUCCEEDED c=CANCELLED d=CANCELLED
+      "
+    `);
+    expect(t.snapshot.context.cancel).toEqual({ by: 'ops', reason: 'deploy', at: T0 + 6000 });
+  });
+});
+
+describe('run machine rules', () => {
+  it('a SKIPPED step satisfies its dependents', () => {
+    const t = trace(line, [e.ok('fetch'), e.skip('send'), e.ok('report')]);
+    expect(runStatus(t.snapshot)).toBe('succeeded');
+    expect(runSteps(t.snapshot).map((s) => s.status)).toEqual([
+      'SUCCEEDED',
+      'SUCCEEDED',
+      'SKIPPED',
+    ]);
+  });
+
+  it('independent roots start together', () => {
+    const plan = planOf([
+      { id: 'x', kind: 'operator', operator: 'op' },
+      { id: 'y', kind: 'operator', operator: 'op' },
+    ]);
+    const t = startRun(plan, { runId: 'r', at: T0 });
+    expect(t.planned).toEqual([
+      { type: 'step.execute', stepId: 'x', attempt: 1 },
+      { type: 'step.execute', stepId: 'y', attempt: 1 },
+    ]);
+  });
+
+  it('approving a step that is not waiting is not accepted and changes nothing', () => {
+    const start = startRun(gated, { runId: 'r', at: T0 });
+    const t = advanceRun(start.snapshot, e.approve('review'));
+    expect(t.accepted).toBe(false);
+    expect(t.snapshot).toEqual(start.snapshot);
+  });
+
+  it('an event for an unknown step is refused with the known steps named', () => {
+    const start = startRun(gated, { runId: 'r', at: T0 });
+    let caught: unknown;
+    try {
+      advanceRun(start.snapshot, e.ok('nope'));
+    } catch (err) {
+      caught = err;
+    }
+    expect(isFlujoError(caught, 'event_invalid')).toBe(true);
+    expect((caught as Error).message).toContain(
+      'event.stepId: unknown step "nope"; this run has: draft, review, send',
+    );
+  });
+
+  it('a malformed event is refused with its path', () => {
+    const start = startRun(gated, { runId: 'r', at: T0 });
+    expect(() =>
+      advanceRun(start.snapshot, { type: 'step.succeeded', stepId: 'draft', attempt: 0, at: 1 }),
+    ).toThrow(/event\.attempt: .*\n.*event\.output/s);
+    expect(() => advanceRun(start.snapshot, { type: 'step.exploded' })).toThrow(/event\.type/);
+  });
+
+  it('events after the run ended are ignored', () => {
+    const t = trace(line, [e.ok('fetch'), e.ok('report'), e.ok('send')]);
+    const after = advanceRun(t.snapshot, e.cancel());
+    expect(after.accepted).toBe(false);
+    expect(after.status).toBe('succeeded');
+    expect(after.snapshot).toEqual(t.snapshot);
+  });
+
+  it('a plan whose every root is gated starts waiting', () => {
+    const plan = planOf([{ id: 'g', kind: 'human_gate' }]);
+    const t = startRun(plan, { runId: 'r', at: T0 });
+    expect(t.status).toBe('waiting');
+    expect(t.planned).toEqual([{ type: 'step.requestApproval', stepId: 'g' }]);
+  });
+});
