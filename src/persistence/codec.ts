@@ -1,0 +1,228 @@
+/**
+ * The versioned snapshot envelope and its ordered migrations. Pure: no I/O. The snapshot itself is
+ * opaque JSON here; the machines layer owns its shape (and may pass `parse` to check it on read).
+ */
+import {
+  InputValidationError,
+  InvariantError,
+  SnapshotCorruptError,
+  SnapshotUnsupportedError,
+} from '../errors.js';
+
+/** A run snapshot as persisted: the snapshot plus the CAS counter and its schema version. */
+export interface SnapshotEnvelope<S = unknown> {
+  /** The shape version of `snapshot`. */
+  schemaVersion: number;
+  /** The compare-and-set counter: 0 after create, +1 per commit. */
+  version: number;
+  /** The machine snapshot (plain JSON). */
+  snapshot: S;
+  /** When this version was written, epoch milliseconds. */
+  updatedAt: number;
+}
+
+/** The fields of the envelope's Redis HASH: `v` version, `sv` schemaVersion, `s` snapshot JSON, `u` updatedAt. */
+export interface SnapshotFields {
+  v: string;
+  sv: string;
+  s: string;
+  u: string;
+}
+
+/** One step of the snapshot schema: turns a snapshot of schema `from` into one of schema `to` (= from + 1). */
+export interface SnapshotMigration {
+  /** The schema version this migration reads. */
+  readonly from: number;
+  /** The schema version it produces; always `from + 1`. */
+  readonly to: number;
+  /** Returns the upgraded snapshot. Must be pure; may mutate and return its argument. */
+  migrate(snapshot: unknown): unknown;
+}
+
+/** Options of {@link createSnapshotCodec}. */
+export interface SnapshotCodecOptions<S = unknown> {
+  /**
+   * The schema version this build writes.
+   * @defaultValue 1
+   */
+  schemaVersion?: number;
+  /**
+   * The chain `n → n+1 → … → schemaVersion`, in any order; older envelopes are upgraded on read.
+   * @defaultValue []
+   */
+  migrations?: readonly SnapshotMigration[];
+  /**
+   * Checks (and may narrow) a decoded, migrated snapshot; a throw marks the snapshot corrupt.
+   * @defaultValue the identity (the snapshot is trusted as `S`)
+   */
+  parse?: (snapshot: unknown) => S;
+}
+
+/** Encodes and decodes snapshot envelopes of one schema version. */
+export interface SnapshotCodec<S = unknown> {
+  /** The schema version this codec writes. */
+  readonly schemaVersion: number;
+  /** The oldest schema version it can read (the start of the migration chain). */
+  readonly oldestSchemaVersion: number;
+  /** Serializes a snapshot to JSON; throws {@link InputValidationError} when it is not JSON. */
+  encodeSnapshot(snapshot: S): string;
+  /** The HASH fields of an envelope; `snapshotJson` skips re-serializing an already encoded snapshot. */
+  encode(envelope: SnapshotEnvelope<S>, snapshotJson?: string): SnapshotFields;
+  /** Decodes HASH fields into an envelope of the current schema, applying migrations in order. */
+  decode(runId: string, fields: Readonly<Partial<SnapshotFields>>): SnapshotEnvelope<S>;
+}
+
+const NON_NEGATIVE_INT = /^(0|[1-9][0-9]*)$/;
+
+function validateChain(schemaVersion: number, migrations: readonly SnapshotMigration[]): number {
+  if (!Number.isSafeInteger(schemaVersion) || schemaVersion < 1) {
+    throw new InvariantError(`snapshot schemaVersion must be an integer ≥ 1, got ${schemaVersion}`);
+  }
+  if (migrations.length === 0) return schemaVersion;
+  const sorted = [...migrations].sort((a, b) => a.from - b.from);
+  for (const m of sorted) {
+    if (!Number.isSafeInteger(m.from) || m.from < 1 || m.to !== m.from + 1) {
+      throw new InvariantError(
+        `snapshot migration ${m.from} → ${m.to} must go from an integer n ≥ 1 to n + 1`,
+      );
+    }
+  }
+  for (let i = 1; i < sorted.length; i++) {
+    const prev = sorted[i - 1] as SnapshotMigration;
+    const cur = sorted[i] as SnapshotMigration;
+    if (cur.from === prev.from) {
+      throw new InvariantError(`duplicate snapshot migration from schema version ${cur.from}`);
+    }
+    if (cur.from !== prev.to) {
+      throw new InvariantError(
+        `gap in snapshot migrations: nothing migrates schema version ${prev.to} to ${prev.to + 1}`,
+      );
+    }
+  }
+  const last = sorted[sorted.length - 1] as SnapshotMigration;
+  if (last.to !== schemaVersion) {
+    throw new InvariantError(
+      `snapshot migrations end at schema version ${last.to}, but the current schema version is ${schemaVersion}`,
+    );
+  }
+  return (sorted[0] as SnapshotMigration).from;
+}
+
+/** Serializes a value to JSON; throws {@link InputValidationError} about `what` when it is not JSON. */
+export function toJson(value: unknown, what: string): string {
+  let json: string | undefined;
+  try {
+    json = JSON.stringify(value);
+  } catch (cause) {
+    const reason = cause instanceof Error ? cause.message : String(cause);
+    throw new InputValidationError(what, [{ path: '', message: `is not JSON: ${reason}` }], {
+      cause,
+    });
+  }
+  if (json === undefined) {
+    throw new InputValidationError(what, [
+      { path: '', message: `is not JSON (got ${typeof value})` },
+    ]);
+  }
+  return json;
+}
+
+function intField(
+  runId: string,
+  fields: Readonly<Partial<SnapshotFields>>,
+  name: keyof SnapshotFields,
+  label: string,
+): number {
+  const raw = fields[name];
+  if (raw === undefined)
+    throw new SnapshotCorruptError(runId, `field "${name}" (${label}) is missing`);
+  if (!NON_NEGATIVE_INT.test(raw)) {
+    throw new SnapshotCorruptError(
+      runId,
+      `field "${name}" (${label}) is not a non-negative integer: ${JSON.stringify(raw.slice(0, 40))}`,
+    );
+  }
+  const n = Number(raw);
+  if (!Number.isSafeInteger(n)) {
+    throw new SnapshotCorruptError(runId, `field "${name}" (${label}) is out of range`);
+  }
+  return n;
+}
+
+/** Creates a codec for `schemaVersion`; throws {@link InvariantError} when the migration chain has gaps or duplicates. */
+export function createSnapshotCodec<S = unknown>(
+  options: SnapshotCodecOptions<S> = {},
+): SnapshotCodec<S> {
+  const schemaVersion = options.schemaVersion ?? 1;
+  const byFrom = new Map<number, SnapshotMigration>();
+  for (const m of options.migrations ?? []) byFrom.set(m.from, m);
+  const oldestSchemaVersion = validateChain(schemaVersion, options.migrations ?? []);
+  const parse = options.parse;
+
+  const encodeSnapshot = (snapshot: S): string => toJson(snapshot, 'snapshot');
+
+  return {
+    schemaVersion,
+    oldestSchemaVersion,
+    encodeSnapshot,
+    encode(envelope, snapshotJson) {
+      return {
+        v: String(envelope.version),
+        sv: String(envelope.schemaVersion),
+        s: snapshotJson ?? encodeSnapshot(envelope.snapshot),
+        u: String(envelope.updatedAt),
+      };
+    },
+    decode(runId, fields) {
+      const version = intField(runId, fields, 'v', 'version');
+      const storedSchema = intField(runId, fields, 'sv', 'schemaVersion');
+      const updatedAt = intField(runId, fields, 'u', 'updatedAt');
+      if (storedSchema > schemaVersion) {
+        throw new SnapshotUnsupportedError(runId, storedSchema, schemaVersion);
+      }
+      if (storedSchema < oldestSchemaVersion) {
+        throw new SnapshotCorruptError(
+          runId,
+          `schema version ${storedSchema} predates the oldest migration of this release (from ${oldestSchemaVersion}); upgrade it with an older release first`,
+        );
+      }
+      const raw = fields.s;
+      if (raw === undefined)
+        throw new SnapshotCorruptError(runId, 'field "s" (snapshot) is missing');
+      let snapshot: unknown;
+      try {
+        snapshot = JSON.parse(raw);
+      } catch (cause) {
+        const reason = cause instanceof Error ? cause.message : String(cause);
+        throw new SnapshotCorruptError(runId, `snapshot is not JSON (${reason})`, { cause });
+      }
+      for (let from = storedSchema; from < schemaVersion; from++) {
+        const m = byFrom.get(from) as SnapshotMigration;
+        try {
+          snapshot = m.migrate(snapshot);
+        } catch (cause) {
+          const reason = cause instanceof Error ? cause.message : String(cause);
+          throw new SnapshotCorruptError(
+            runId,
+            `migration of the snapshot from schema version ${m.from} to ${m.to} failed: ${reason}`,
+            { cause },
+          );
+        }
+      }
+      let parsed: S;
+      if (parse === undefined) {
+        parsed = snapshot as S;
+      } else {
+        try {
+          parsed = parse(snapshot);
+        } catch (cause) {
+          const reason = cause instanceof Error ? cause.message : String(cause);
+          throw new SnapshotCorruptError(runId, `snapshot has the wrong shape: ${reason}`, {
+            cause,
+          });
+        }
+      }
+      return { schemaVersion, version, snapshot: parsed, updatedAt };
+    },
+  };
+}

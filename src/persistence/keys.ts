@@ -1,0 +1,103 @@
+/**
+ * The one key builder for every Redis key of the runtime. All keys of a run share the hash tag
+ * `{<runId>}`, so Redis Cluster places them in one slot and a transaction may touch them together.
+ */
+import { InputValidationError } from '../errors.js';
+
+/** The default key prefix. */
+export const DEFAULT_KEY_PREFIX = 'flujo';
+
+/** The longest run id accepted, in UTF-16 code units. */
+export const RUN_ID_MAX_LENGTH = 200;
+
+/** What a valid run id looks like: 1 to 200 characters, no `{` or `}` (they would break the hash tag). */
+export const RUN_ID_PATTERN = /^[^{}]{1,200}$/;
+
+/** The kinds of per-run keys, each the last segment of `<prefix>:{<runId>}:<kind>`. */
+export const RunKeyKind = {
+  /** HASH: the snapshot envelope (`v`, `sv`, `s`, `u`). */
+  Snap: 'snap',
+  /** STREAM: the run's event log. */
+  Events: 'events',
+  /** The tool-call ledger. */
+  Ledger: 'ledger',
+  /** The model-response journal. */
+  Journal: 'journal',
+  /** Offloaded large values. */
+  Blobs: 'blobs',
+} as const;
+/** A value of {@link RunKeyKind}. */
+export type RunKeyKind = (typeof RunKeyKind)[keyof typeof RunKeyKind];
+
+/** Builders for every Redis key of the runtime under one prefix. */
+export interface Keys {
+  /** The prefix every key starts with. */
+  readonly prefix: string;
+  /** `<prefix>:{<runId>}:<kind>`. */
+  runKey(runId: string, kind: RunKeyKind): string;
+  /** The run's snapshot envelope (HASH). */
+  snap(runId: string): string;
+  /** The run's event stream (STREAM). */
+  events(runId: string): string;
+  /** The run's tool-call ledger. */
+  ledger(runId: string): string;
+  /** The run's model-response journal. */
+  journal(runId: string): string;
+  /** The run's offloaded blobs. */
+  blobs(runId: string): string;
+}
+
+/** Throws {@link InputValidationError} naming `field` unless `runId` is a valid run id. */
+export function assertRunId(runId: unknown, field = 'runId'): asserts runId is string {
+  const problem = runIdProblem(runId);
+  if (problem !== undefined) {
+    throw new InputValidationError('run id', [{ path: field, message: problem }]);
+  }
+}
+
+/** True when `runId` is a valid run id (see {@link RUN_ID_PATTERN}). */
+export function isRunId(runId: unknown): runId is string {
+  return runIdProblem(runId) === undefined;
+}
+
+function runIdProblem(runId: unknown): string | undefined {
+  if (typeof runId !== 'string') return `must be a string, got ${typeof runId}`;
+  if (runId.length === 0) return 'must not be empty';
+  if (runId.length > RUN_ID_MAX_LENGTH) {
+    return `must be at most ${RUN_ID_MAX_LENGTH} characters, got ${runId.length}`;
+  }
+  if (runId.includes('{') || runId.includes('}')) {
+    return 'must not contain "{" or "}" (they delimit the Redis Cluster hash tag)';
+  }
+  return undefined;
+}
+
+/** Returns the key builders for `prefix`; throws {@link InputValidationError} for an invalid prefix. */
+export function createKeys(prefix: string = DEFAULT_KEY_PREFIX): Keys {
+  if (typeof prefix !== 'string' || prefix.length === 0) {
+    throw new InputValidationError('key prefix', [
+      { path: 'prefix', message: 'must not be empty' },
+    ]);
+  }
+  if (prefix.includes('{') || prefix.includes('}')) {
+    throw new InputValidationError('key prefix', [
+      {
+        path: 'prefix',
+        message: 'must not contain "{" or "}" (the run id is the Redis Cluster hash tag)',
+      },
+    ]);
+  }
+  const runKey = (runId: string, kind: RunKeyKind): string => {
+    assertRunId(runId);
+    return `${prefix}:{${runId}}:${kind}`;
+  };
+  return {
+    prefix,
+    runKey,
+    snap: (runId) => runKey(runId, RunKeyKind.Snap),
+    events: (runId) => runKey(runId, RunKeyKind.Events),
+    ledger: (runId) => runKey(runId, RunKeyKind.Ledger),
+    journal: (runId) => runKey(runId, RunKeyKind.Journal),
+    blobs: (runId) => runKey(runId, RunKeyKind.Blobs),
+  };
+}
