@@ -1,0 +1,133 @@
+/**
+ * Flujo: a durable execution runtime for AI agents and multi-step jobs. Runs and steps are XState
+ * machines whose snapshots live in Redis, written with compare-and-set.
+ *
+ * The public surface, explicitly: nothing else is part of the API.
+ *
+ * @packageDocumentation
+ */
+
+// Errors: every error has `name`, `code` and `retryable`, and survives JSON.
+export {
+  ErrorCode,
+  EventValidationError,
+  FlujoError,
+  InputValidationError,
+  InvariantError,
+  PlanValidationError,
+  RedisUnavailableError,
+  RevivedError,
+  RunAlreadyExistsError,
+  RunNotFoundError,
+  SnapshotConflictError,
+  SnapshotCorruptError,
+  SnapshotUnsupportedError,
+  UnknownError,
+  findCause,
+  isFlujoError,
+  isRetryable,
+  reviveError,
+  toFlujoError,
+} from './errors.js';
+export type { FlujoErrorOptions, SerializedError, ValidationIssue } from './errors.js';
+
+// Plain JSON: what inputs, outputs and snapshots are made of.
+export { assertPlainJson, findNonJson, isPlainJson } from './internal/json.js';
+export type { JsonObject, JsonValue } from './internal/json.js';
+
+// Plans as data.
+export { parsePlan } from './plan/parse-plan.js';
+export {
+  STEP_ID_PATTERN,
+  planSchema,
+  retryPolicySchema,
+  stepNeedsApproval,
+  stepSchema,
+} from './plan/schema.js';
+export { dependentsOf, topologicalOrder } from './plan/graph.js';
+export type {
+  AgentStep,
+  CachePolicy,
+  EffectClass,
+  HumanGateStep,
+  OperatorStep,
+  Plan,
+  PlanInput,
+  PlanStep,
+  PolicyCheckStep,
+  RetryPolicy,
+  RiskLevel,
+  RunBudgets,
+  StepBudgets,
+  StepKind,
+} from './plan/schema.js';
+
+// The pure core: run and step machines, and the kernel that feeds them one event at a time.
+export { stepMachine } from './machines/step-machine.js';
+export type { StepInput, StepEvent } from './machines/step-machine.js';
+export { runMachine } from './machines/run-machine.js';
+export type { CancelRequest, RunContext, RunInput } from './machines/run-machine.js';
+export { deriveRunStatus } from './machines/run-status.js';
+export { advanceRun, runStatus, runSteps, startRun, validateRunEvent } from './machines/kernel.js';
+export type {
+  RunSnapshot,
+  RunTransition,
+  StartRunOptions,
+  StepChange,
+  StepState,
+} from './machines/kernel.js';
+export {
+  FINAL_STEP_STATUSES,
+  RunStatus,
+  StepReason,
+  StepStatus,
+  isFinalStepStatus,
+} from './machines/types.js';
+export type {
+  Decision,
+  PlannedAction,
+  StepContext,
+  StepReport,
+  StepView,
+} from './machines/types.js';
+
+// Events a run accepts, and typed step outcomes.
+export { runEventSchema } from './schemas/events.js';
+export type {
+  GateApprovedEvent,
+  GateRejectedEvent,
+  RetryDueEvent,
+  RunCancelledEvent,
+  RunEvent,
+  StepFailedEvent,
+  StepSkippedEvent,
+  StepSucceededEvent,
+} from './schemas/events.js';
+export { serializedErrorSchema } from './schemas/error.js';
+export {
+  abortedSchema,
+  chunkSchema,
+  failureFrom,
+  failureSchema,
+  parseOutcome,
+  pausedSchema,
+  stepOutcomeSchema,
+  successSchema,
+} from './schemas/outcomes.js';
+export type { Aborted, Chunk, Failure, Paused, StepOutcome, Success } from './schemas/outcomes.js';
+
+// Persistence: keys, the versioned envelope, the CAS snapshot store, an embedded redis-server.
+export { createKeys } from './persistence/keys.js';
+export type { Keys } from './persistence/keys.js';
+export { createSnapshotCodec } from './persistence/codec.js';
+export type { SnapshotCodec, SnapshotEnvelope, SnapshotMigration } from './persistence/codec.js';
+export { createSnapshotStore } from './persistence/snapshot-store.js';
+export type {
+  ReadEventsOptions,
+  RunEventRecord,
+  SnapshotStore,
+  SnapshotStoreOptions,
+  StoredRunEvent,
+} from './persistence/snapshot-store.js';
+export { startEmbeddedRedis } from './persistence/embedded-redis.js';
+export type { EmbeddedRedis, EmbeddedRedisOptions } from './persistence/embedded-redis.js';
