@@ -1,0 +1,47 @@
+import { execFile } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { promisify } from 'node:util';
+import { describe, expect, it } from 'vitest';
+import { redisUrl } from '../helpers/redis.js';
+
+const run = promisify(execFile);
+const root = new URL('../../', import.meta.url);
+const tsx = new URL('node_modules/.bin/tsx', root).pathname;
+
+async function runExample(file: string): Promise<string> {
+  const { stdout } = await run(tsx, [file], {
+    cwd: root.pathname,
+    env: { ...process.env, REDIS_URL: redisUrl() },
+    timeout: 60_000,
+  });
+  return stdout;
+}
+
+// Formatting may differ (the README's imports are shorter); the code may not.
+const squash = (s: string) => s.replace(/\s+/g, '').replace(/,(?=[}\])])/g, '');
+
+describe('examples run as documented', () => {
+  it('the README quickstart is examples/quickstart.ts, and it runs', async () => {
+    const readme = readFileSync(new URL('README.md', root), 'utf8');
+    const block = /## Quickstart\n\n```ts\n([\s\S]*?)```/.exec(readme)?.[1];
+    const file = readFileSync(new URL('examples/quickstart.ts', root), 'utf8');
+    expect(block).toBeDefined();
+    expect(squash(block!)).toBe(squash(file.replace("'../src/index.js'", "'flujo'")));
+    const out = await runExample('examples/quickstart.ts');
+    expect(out).toContain("stepId: 'draft'");
+    expect(out).toContain("1 waiting [ { type: 'step.requestApproval', stepId: 'review' } ]");
+  });
+
+  it('the kernel tour drives a run to success through a retry and a gate', async () => {
+    const out = await runExample('examples/kernel-tour/main.ts');
+    expect(out).toContain('summarize RUNNING→FAILED_RETRYABLE');
+    expect(out).toContain('review PENDING→WAITING_APPROVAL');
+    expect(out).toMatch(
+      /stale writer refused: Snapshot conflict .* expected version 7, found version 8/,
+    );
+    expect(out).toContain(
+      'final: fetch=SUCCEEDED summarize=SUCCEEDED translate=SUCCEEDED review=SUCCEEDED publish=SUCCEEDED',
+    );
+    expect(out).toContain("21 events in the run's stream, snapshot version 8");
+  });
+});

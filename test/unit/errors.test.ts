@@ -1,0 +1,128 @@
+import { describe, expect, it } from 'vitest';
+import {
+  ErrorCode,
+  EventValidationError,
+  FlujoError,
+  InputValidationError,
+  InvariantError,
+  PlanValidationError,
+  RedisUnavailableError,
+  RevivedError,
+  RunAlreadyExistsError,
+  RunNotFoundError,
+  SnapshotConflictError,
+  SnapshotCorruptError,
+  SnapshotUnsupportedError,
+  UnknownError,
+  findCause,
+  isFlujoError,
+  isRetryable,
+  reviveError,
+  toFlujoError,
+  type SerializedError,
+} from '../../src/errors.js';
+
+const issue = [{ path: 'steps[0].id', message: 'bad' }];
+
+// Every error class the runtime raises, with the name, code and retryability it must keep.
+const cases: [FlujoError, string, string, boolean][] = [
+  [new PlanValidationError(issue), 'PlanValidationError', 'plan_invalid', false],
+  [new InputValidationError('run input', issue), 'InputValidationError', 'input_invalid', false],
+  [new EventValidationError(issue), 'EventValidationError', 'event_invalid', false],
+  [new SnapshotConflictError('r', 3, 4), 'SnapshotConflictError', 'snapshot_conflict', true],
+  [new RunNotFoundError('r'), 'RunNotFoundError', 'run_not_found', false],
+  [new RunAlreadyExistsError('r'), 'RunAlreadyExistsError', 'run_already_exists', false],
+  [
+    new SnapshotUnsupportedError('r', 9, 1),
+    'SnapshotUnsupportedError',
+    'snapshot_unsupported',
+    false,
+  ],
+  [new SnapshotCorruptError('r', 'not JSON'), 'SnapshotCorruptError', 'snapshot_corrupt', false],
+  [
+    new RedisUnavailableError('down', { retryAfterMs: 50 }),
+    'RedisUnavailableError',
+    'redis_unavailable',
+    true,
+  ],
+  [new InvariantError('broken'), 'InvariantError', 'invariant', false],
+  [new UnknownError('what'), 'UnknownError', 'unknown', false],
+];
+
+describe('errors', () => {
+  it.each(cases)('%s has its name, code and retryability', (error, name, code, retryable) => {
+    expect(error).toBeInstanceOf(Error);
+    expect(error.name).toBe(name);
+    expect(error.code).toBe(code);
+    expect(error.retryable).toBe(retryable);
+    expect(Object.values(ErrorCode)).toContain(code);
+  });
+
+  it.each(cases)('%s survives a JSON round trip', (error, name, code, retryable) => {
+    const json = JSON.parse(JSON.stringify(error)) as SerializedError;
+    expect(json).toMatchObject({ name, code, retryable, message: error.message });
+    expect(json).not.toHaveProperty('stack');
+    const revived = reviveError(json);
+    expect(revived).toBeInstanceOf(RevivedError);
+    expect(revived).toBeInstanceOf(FlujoError);
+    expect(revived.name).toBe(name);
+    expect(revived.code).toBe(code);
+    expect(revived.retryable).toBe(retryable);
+    expect(revived.message).toBe(error.message);
+    expect(revived.retryAfterMs).toBe(error.retryAfterMs);
+    expect(revived.details).toEqual(error.details);
+    expect(JSON.stringify(revived)).toBe(JSON.stringify(error));
+    expect(isFlujoError(revived, error.code)).toBe(true);
+    expect(isFlujoError(json, error.code)).toBe(true);
+  });
+
+  it('a conflict names both versions, in fields and message', () => {
+    const e = new SnapshotConflictError('run-7', 3, 5);
+    expect(e.message).toContain('expected version 3, found version 5');
+    expect(e.details).toEqual({ runId: 'run-7', expectedVersion: 3, actualVersion: 5 });
+  });
+
+  it('validation errors list every issue with its path', () => {
+    const e = new PlanValidationError([
+      { path: 'steps[2].dependsOn[0]', message: 'unknown step "fetch"' },
+      { path: '', message: 'root problem' },
+    ]);
+    expect(e.message).toBe(
+      'Invalid plan (2 problems):\n  - steps[2].dependsOn[0]: unknown step "fetch"\n  - (root): root problem',
+    );
+  });
+
+  it('retryability can be overridden where the error is created', () => {
+    expect(new RedisUnavailableError('no binary', { retryable: false }).retryable).toBe(false);
+    expect(isRetryable(new RedisUnavailableError('down'))).toBe(true);
+    expect(isRetryable(new Error('plain'))).toBe(false);
+  });
+
+  it('toFlujoError normalizes anything thrown and keeps the cause', () => {
+    const plain = new TypeError('x is undefined');
+    const e = toFlujoError(plain);
+    expect(e).toBeInstanceOf(UnknownError);
+    expect(e.message).toBe('x is undefined');
+    expect(e.cause).toBe(plain);
+    expect(toFlujoError('text').message).toBe('text');
+    const own = new InvariantError('kept');
+    expect(toFlujoError(own)).toBe(own);
+  });
+
+  it('isFlujoError checks the code, not only the class', () => {
+    expect(isFlujoError(new RunNotFoundError('r'), 'run_not_found')).toBe(true);
+    expect(isFlujoError(new RunNotFoundError('r'), 'snapshot_conflict')).toBe(false);
+    expect(isFlujoError({ name: 'X', code: 'x', retryable: true })).toBe(true);
+    expect(isFlujoError({ name: 'X', code: 'x' })).toBe(false);
+    expect(isFlujoError(new Error('plain'))).toBe(false);
+  });
+
+  it('findCause walks causes and aggregate errors, once each', () => {
+    const root = new RedisUnavailableError('down');
+    const wrapped = new Error('outer', { cause: new AggregateError([new Error('a'), root]) });
+    expect(findCause(wrapped, (e) => isFlujoError(e, 'redis_unavailable'))).toBe(root);
+    const loop: Error & { cause?: unknown } = new Error('loop');
+    loop.cause = loop;
+    expect(findCause(loop, () => false)).toBeUndefined();
+  });
+});
