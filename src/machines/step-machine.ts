@@ -114,6 +114,14 @@ export const stepMachine = setup({
   actions: {
     // Replaced in unit tests through `.provide()`; inside a run it tells the parent.
     report: sendParent((_, params: StepReport) => ({ type: 'step.reported' as const, ...params })),
+    // Ends the step with the event's reason (a skip or a cancel); no retry stays scheduled.
+    close: assign(({ event }) => ({
+      reason: 'reason' in event ? event.reason : null,
+      retryAt: null,
+      updatedAt: event.at,
+    })),
+    // A running attempt was cancelled: the host must abort it.
+    markAborted: assign({ abortedAttempt: ({ context }) => context.attempt }),
   },
   guards: {
     isCurrentAttempt: ({ context, event }) =>
@@ -163,21 +171,8 @@ export const stepMachine = setup({
             updatedAt: ({ event }) => event.at,
           }),
         },
-        'step.skipped': {
-          guard: 'isSkipRequest',
-          target: 'SKIPPED',
-          actions: assign({
-            reason: ({ event }) => event.reason,
-            updatedAt: ({ event }) => event.at,
-          }),
-        },
-        'step.cancel': {
-          target: 'CANCELLED',
-          actions: assign({
-            reason: ({ event }) => event.reason,
-            updatedAt: ({ event }) => event.at,
-          }),
-        },
+        'step.skipped': { guard: 'isSkipRequest', target: 'SKIPPED', actions: 'close' },
+        'step.cancel': { target: 'CANCELLED', actions: 'close' },
       },
     },
     READY: {
@@ -207,21 +202,8 @@ export const stepMachine = setup({
             updatedAt: ({ event }) => event.at,
           }),
         },
-        'step.skipped': {
-          guard: 'isSkipRequest',
-          target: 'SKIPPED',
-          actions: assign({
-            reason: ({ event }) => event.reason,
-            updatedAt: ({ event }) => event.at,
-          }),
-        },
-        'step.cancel': {
-          target: 'CANCELLED',
-          actions: assign({
-            reason: ({ event }) => event.reason,
-            updatedAt: ({ event }) => event.at,
-          }),
-        },
+        'step.skipped': { guard: 'isSkipRequest', target: 'SKIPPED', actions: 'close' },
+        'step.cancel': { target: 'CANCELLED', actions: 'close' },
       },
     },
     RUNNING: {
@@ -264,22 +246,8 @@ export const stepMachine = setup({
             }),
           },
         ],
-        'step.skipped': {
-          guard: 'isSkipOfRunningAttempt',
-          target: 'SKIPPED',
-          actions: assign({
-            reason: ({ event }) => event.reason,
-            updatedAt: ({ event }) => event.at,
-          }),
-        },
-        'step.cancel': {
-          target: 'CANCELLED',
-          actions: assign({
-            reason: ({ event }) => event.reason,
-            abortedAttempt: ({ context }) => context.attempt,
-            updatedAt: ({ event }) => event.at,
-          }),
-        },
+        'step.skipped': { guard: 'isSkipOfRunningAttempt', target: 'SKIPPED', actions: 'close' },
+        'step.cancel': { target: 'CANCELLED', actions: ['close', 'markAborted'] },
       },
     },
     FAILED_RETRYABLE: {
@@ -290,23 +258,8 @@ export const stepMachine = setup({
           target: 'READY',
           actions: assign({ updatedAt: ({ event }) => event.at }),
         },
-        'step.skipped': {
-          guard: 'isSkipRequest',
-          target: 'SKIPPED',
-          actions: assign({
-            reason: ({ event }) => event.reason,
-            retryAt: null,
-            updatedAt: ({ event }) => event.at,
-          }),
-        },
-        'step.cancel': {
-          target: 'CANCELLED',
-          actions: assign({
-            reason: ({ event }) => event.reason,
-            retryAt: null,
-            updatedAt: ({ event }) => event.at,
-          }),
-        },
+        'step.skipped': { guard: 'isSkipRequest', target: 'SKIPPED', actions: 'close' },
+        'step.cancel': { target: 'CANCELLED', actions: 'close' },
       },
     },
     SUCCEEDED: {

@@ -58,7 +58,7 @@ function start(over: Partial<StepInput> = {}): Snap {
 
 function step(snap: Snap, event: StepEvent): { snap: Snap; reports: StepReport[] } {
   const [next, actions] = transition(machine, snap, event);
-  const reports = actions.filter((a) => a.type === 'report').map((a) => a.params);
+  const reports = actions.filter((a) => a.type === 'report').map((a) => a.params as StepReport);
   return { snap: next, reports };
 }
 
