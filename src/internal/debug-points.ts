@@ -1,0 +1,30 @@
+/**
+ * Named points between an effect and its commit where a crash test can kill the process. A point
+ * fires only when `FLUJO_KILL_AT` names it (optionally `name@N` to fire on its N-th pass); then the
+ * process sends itself SIGKILL: no `finally`, no flush, exactly like a machine losing power.
+ */
+export const DebugPoint = {
+  /** A tool's side effect happened; its receipt is not yet in the ledger. */
+  afterToolEffect: 'after-tool-effect',
+  /** The receipt is in the ledger; the step's result is not yet committed. */
+  afterReceipt: 'after-receipt',
+  /** The step's result is committed; the next unit of work is not yet enqueued. */
+  afterCommit: 'after-commit',
+} as const;
+/** A value of {@link DebugPoint}. */
+export type DebugPoint = (typeof DebugPoint)[keyof typeof DebugPoint];
+
+const passes = new Map<string, number>();
+
+/** Kills the process here if `FLUJO_KILL_AT` names this point (and pass). Otherwise does nothing. */
+export function debugPoint(name: DebugPoint, scope?: string): void {
+  const target = process.env['FLUJO_KILL_AT'];
+  if (target === undefined || target === '') return;
+  const [wanted, nth] = target.split('@');
+  const label = scope === undefined ? name : `${name}:${scope}`;
+  if (wanted !== name && wanted !== label) return;
+  const count = (passes.get(wanted) ?? 0) + 1;
+  passes.set(wanted, count);
+  if (nth !== undefined && Number(nth) !== count) return;
+  process.kill(process.pid, 'SIGKILL');
+}
