@@ -81,7 +81,11 @@ function settle(
     planned,
     changes,
     accepted:
-      before === null || changes.length > 0 || (before.cancel === null && context.cancel !== null),
+      before === null ||
+      changes.length > 0 ||
+      before.cancel !== context.cancel ||
+      before.stop !== context.stop ||
+      before.resumes !== context.resumes,
   };
 }
 
@@ -103,6 +107,7 @@ function statusOf(context: RunContext): RunStatus {
     steps: context.steps,
     dependsOn: context.dependsOn,
     cancelRequested: context.cancel !== null,
+    stopped: context.stop !== null,
   });
 }
 

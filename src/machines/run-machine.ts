@@ -1,6 +1,7 @@
-import { assign, emit, enqueueActions, sendTo, setup } from 'xstate';
+import { assign, emit, enqueueActions, sendTo, setup, type AnyActorRef } from 'xstate';
 import type { Plan } from '../plan/schema.js';
 import { stepNeedsApproval } from '../plan/schema.js';
+import type { JsonValue } from '../internal/json.js';
 import type { RunEvent } from '../schemas/events.js';
 import { deriveRunStatus } from './run-status.js';
 import { stepMachine, type StepInput } from './step-machine.js';
@@ -8,6 +9,7 @@ import {
   StepReason,
   isFinalStepStatus,
   type PlannedAction,
+  type StepContext,
   type StepReport,
   type StepView,
 } from './types.js';
@@ -27,6 +29,13 @@ export interface CancelRequest {
   at: number;
 }
 
+/** Why the runtime stopped the run (a budget), and when. */
+export interface StopRequest {
+  reason: string;
+  detail: JsonValue | null;
+  at: number;
+}
+
 /** The context of a run machine: plain JSON. The full plan is stored beside the run, not here. */
 export interface RunContext {
   runId: string;
@@ -37,6 +46,10 @@ export interface RunContext {
   /** The run's view of each step, kept current by the steps' reports. */
   steps: Record<string, StepView>;
   cancel: CancelRequest | null;
+  /** Set when the runtime stopped the run; cleared when the run is resumed. */
+  stop: StopRequest | null;
+  /** How many times the run was resumed after failing. */
+  resumes: number;
   /**
    * Steps the run has ordered cancelled (run cancel, failed dependency) whose own report has not
    * arrived yet, so that no second order is sent to them meanwhile.
@@ -60,7 +73,26 @@ const statusOf = (context: RunContext) =>
     steps: context.steps,
     dependsOn: context.dependsOn,
     cancelRequested: context.cancel !== null,
+    stopped: context.stop !== null,
   });
+
+/** Orders every open step cancelled with `reason`, once; returns the ids ordered. */
+function cancelOpenSteps(
+  context: RunContext,
+  reason: string,
+  at: number,
+  send: (id: string, event: { type: 'step.cancel'; reason: string; at: number }) => void,
+): string[] {
+  const ordered: string[] = [];
+  for (const id of context.order) {
+    const view = context.steps[id];
+    if (view === undefined || isFinalStepStatus(view.status)) continue;
+    if (context.cancelOrdered.includes(id)) continue;
+    ordered.push(id);
+    send(id, { type: 'step.cancel', reason, at });
+  }
+  return ordered;
+}
 
 const satisfied = (view: StepView | undefined): boolean =>
   view !== undefined && (view.status === 'SUCCEEDED' || view.status === 'SKIPPED');
@@ -107,7 +139,11 @@ export const runMachine = setup({
     isCancelled: ({ context }) => statusOf(context) === 'cancelled',
     isWaiting: ({ context }) => statusOf(context) === 'waiting',
     isRunning: ({ context }) => statusOf(context) === 'running',
-    isFirstCancel: ({ context }) => context.cancel === null,
+    // Cancel and stop apply once, to a run that is still moving (not to one that failed).
+    isFirstCancel: ({ context }) =>
+      context.cancel === null &&
+      context.stop === null &&
+      (statusOf(context) === 'running' || statusOf(context) === 'waiting'),
     // Events about a step that has ended are dropped here: a final step never changes.
     isStepOpen: ({ context, event }) => {
       const view = 'stepId' in event ? context.steps[event.stepId] : undefined;
@@ -131,6 +167,8 @@ export const runMachine = setup({
       input.plan.steps.map((s) => [s.id, { status: 'PENDING', attempt: 0 }]),
     ),
     cancel: null,
+    stop: null,
+    resumes: 0,
     cancelOrdered: [],
     createdAt: input.at,
     updatedAt: input.at,
@@ -161,21 +199,31 @@ export const runMachine = setup({
             reason: event.reason ?? null,
             at: event.at,
           }),
-          updatedAt: ({ event }) => event.at,
+          updatedAt: ({ context, event }) => Math.max(context.updatedAt, event.at),
         }),
         enqueueActions(({ enqueue, context, event }) => {
-          const ordered: string[] = [];
-          for (const id of context.order) {
-            const view = context.steps[id];
-            if (view === undefined || isFinalStepStatus(view.status)) continue;
-            if (context.cancelOrdered.includes(id)) continue;
-            ordered.push(id);
-            enqueue.sendTo(id, {
-              type: 'step.cancel',
-              reason: StepReason.runCancelled,
-              at: event.at,
-            });
-          }
+          const ordered = cancelOpenSteps(context, StepReason.runCancelled, event.at, (id, e) =>
+            enqueue.sendTo(id, e),
+          );
+          enqueue.assign({ cancelOrdered: ({ context: c }) => [...c.cancelOrdered, ...ordered] });
+        }),
+      ],
+    },
+    'run.stopped': {
+      guard: 'isFirstCancel',
+      actions: [
+        assign({
+          stop: ({ event }) => ({
+            reason: event.reason,
+            detail: event.detail ?? null,
+            at: event.at,
+          }),
+          updatedAt: ({ context, event }) => Math.max(context.updatedAt, event.at),
+        }),
+        enqueueActions(({ enqueue, context, event }) => {
+          const ordered = cancelOpenSteps(context, event.reason, event.at, (id, e) =>
+            enqueue.sendTo(id, e),
+          );
           enqueue.assign({ cancelOrdered: ({ context: c }) => [...c.cancelOrdered, ...ordered] });
         }),
       ],
@@ -236,7 +284,53 @@ export const runMachine = setup({
       ],
     },
     succeeded: { type: 'final' },
-    failed: { type: 'final' },
+    // Not final: a failed run rests here until it is resumed (`run.resumed`).
+    failed: {
+      on: {
+        'run.resumed': {
+          target: 'running',
+          actions: enqueueActions(({ enqueue, context, event, self }) => {
+            const children = self.getSnapshot().children as Record<string, AnyActorRef | undefined>;
+            const reopened: string[] = [];
+            for (const id of context.order) {
+              const status = context.steps[id]?.status;
+              if (status !== 'FAILED_FINAL' && status !== 'CANCELLED') continue;
+              const old = children[id]?.getSnapshot() as { context: StepContext } | undefined;
+              if (old === undefined) continue;
+              // A step actor that ended stays ended: a fresh actor takes over its id.
+              enqueue.stopChild(id);
+              enqueue.spawnChild('step', {
+                id,
+                input: {
+                  stepId: id,
+                  needsApproval: old.context.needsApproval,
+                  retry: old.context.retry,
+                  at: event.at,
+                  attempt: old.context.attempt,
+                } satisfies StepInput,
+              });
+              reopened.push(id);
+            }
+            const steps = { ...context.steps };
+            for (const id of reopened) {
+              steps[id] = { status: 'PENDING', attempt: context.steps[id]?.attempt ?? 0 };
+            }
+            enqueue.assign({
+              steps,
+              stop: null,
+              cancelOrdered: [],
+              resumes: context.resumes + 1,
+              updatedAt: Math.max(context.updatedAt, event.at),
+            });
+            for (const id of reopened) {
+              if ((context.dependsOn[id] ?? []).every((d) => satisfied(steps[d]))) {
+                enqueue.sendTo(id, { type: 'deps.met', at: event.at });
+              }
+            }
+          }),
+        },
+      },
+    },
     cancelled: { type: 'final' },
   },
 });

@@ -5,6 +5,8 @@ export interface RunStatusInput {
   steps: Readonly<Record<string, StepView>>;
   dependsOn: Readonly<Record<string, readonly string[]>>;
   cancelRequested: boolean;
+  /** The runtime stopped the run (a budget): it ends failed. */
+  stopped?: boolean;
 }
 
 const satisfies = (view: StepView | undefined): boolean =>
@@ -14,12 +16,17 @@ const satisfies = (view: StepView | undefined): boolean =>
  * The run's status, derived from its steps (never stored apart from them):
  * - every step final: `cancelled` if cancel was requested, else `failed` if any step failed finally
  *   or was cancelled (a step is only cancelled without a run cancel when upstream of it failed),
- *   else `succeeded` (every step SUCCEEDED or SKIPPED);
+ *   or the runtime stopped the run (a budget), else `succeeded` (every step SUCCEEDED or SKIPPED);
  * - otherwise `running` while any step is running, ready (or pending with its dependencies met) or
  *   due for a retry, else `waiting` (only a
  *   person approving or rejecting a gate can move the run on).
  */
-export function deriveRunStatus({ steps, dependsOn, cancelRequested }: RunStatusInput): RunStatus {
+export function deriveRunStatus({
+  steps,
+  dependsOn,
+  cancelRequested,
+  stopped = false,
+}: RunStatusInput): RunStatus {
   let allFinal = true;
   let anyFailed = false;
   let anyActive = false;
@@ -34,7 +41,7 @@ export function deriveRunStatus({ steps, dependsOn, cancelRequested }: RunStatus
   }
   if (allFinal) {
     if (cancelRequested) return 'cancelled';
-    return anyFailed ? 'failed' : 'succeeded';
+    return anyFailed || stopped ? 'failed' : 'succeeded';
   }
   return anyActive ? 'running' : 'waiting';
 }

@@ -21,8 +21,10 @@ export interface StepInput {
   stepId: string;
   needsApproval: boolean;
   retry: StepContext['retry'];
-  /** When the run was created (epoch ms). */
+  /** When the step actor was created (epoch ms). */
   at: number;
+  /** Attempts already made by earlier actors of this step (a resumed run). @defaultValue 0 */
+  attempt?: number;
 }
 
 /** All dependencies of the step succeeded or were skipped: it may start. */
@@ -145,7 +147,7 @@ export const stepMachine = setup({
     stepId: input.stepId,
     needsApproval: input.needsApproval,
     retry: input.retry,
-    attempt: 0,
+    attempt: input.attempt ?? 0,
     approval: null,
     rejection: null,
     output: null,

@@ -66,6 +66,27 @@ export const runCancelledSchema = z
   })
   .strict();
 
+/**
+ * The run is stopped by the runtime, e.g. a budget was hit (`reason: 'budget_exceeded'`): open
+ * steps are cancelled and the run ends `failed` with this reason. `detail` says which limit.
+ */
+export const runStoppedSchema = z
+  .object({
+    type: z.literal('run.stopped'),
+    reason: z.string().min(1),
+    detail: jsonValueSchema.optional(),
+    at,
+  })
+  .strict();
+
+/**
+ * A failed run is resumed: its failed and cancelled steps start again as fresh step actors (their
+ * attempt numbers go on), the ones whose dependencies are met at once.
+ */
+export const runResumedSchema = z
+  .object({ type: z.literal('run.resumed'), by: z.string().min(1).optional(), at })
+  .strict();
+
 /** Every event a run accepts from outside. */
 export const runEventSchema = z.discriminatedUnion('type', [
   stepSucceededSchema,
@@ -75,6 +96,8 @@ export const runEventSchema = z.discriminatedUnion('type', [
   gateRejectedSchema,
   retryDueSchema,
   runCancelledSchema,
+  runStoppedSchema,
+  runResumedSchema,
 ]);
 
 export type StepSucceededEvent = z.infer<typeof stepSucceededSchema>;
@@ -84,5 +107,7 @@ export type GateApprovedEvent = z.infer<typeof gateApprovedSchema>;
 export type GateRejectedEvent = z.infer<typeof gateRejectedSchema>;
 export type RetryDueEvent = z.infer<typeof retryDueSchema>;
 export type RunCancelledEvent = z.infer<typeof runCancelledSchema>;
+export type RunStoppedEvent = z.infer<typeof runStoppedSchema>;
+export type RunResumedEvent = z.infer<typeof runResumedSchema>;
 /** An event a run accepts from outside (validated by {@link runEventSchema}). */
 export type RunEvent = z.infer<typeof runEventSchema>;

@@ -42,7 +42,9 @@ export function candidateEvents(snapshot: RunSnapshot): RunEvent[] {
         out.push(e.ok(s.stepId, Math.max(n, 1)));
     }
   }
-  out.push(e.cancel());
+  out.push(e.cancel(), e.stop());
+  // One resume per path keeps the graph finite (each resume lets attempts grow again).
+  if (snapshot.context.resumes === 0) out.push(e.resume());
   return out;
 }
 
@@ -52,6 +54,8 @@ export function serializeRun(snapshot: RunSnapshot): string {
     snapshot.value,
     runSteps(snapshot).map((s) => [s.status, s.attempt]),
     snapshot.context.cancel !== null,
+    snapshot.context.stop !== null,
+    snapshot.context.resumes,
   ]);
 }
 

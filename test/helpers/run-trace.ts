@@ -70,6 +70,13 @@ export const e = {
     at: T0 + 4000,
   }),
   cancel: (): RunEvent => ({ type: 'run.cancelled', by: 'ops', reason: 'deploy', at: T0 + 6000 }),
+  stop: (): RunEvent => ({
+    type: 'run.stopped',
+    reason: 'budget_exceeded',
+    detail: { budget: 'maxSteps', limit: 3 },
+    at: T0 + 7000,
+  }),
+  resume: (): RunEvent => ({ type: 'run.resumed', by: 'ops', at: T0 + 8000 }),
 };
 
 function label(event: RunEvent | null): string {

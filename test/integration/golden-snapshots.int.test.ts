@@ -2,6 +2,11 @@ import { readFileSync } from 'node:fs';
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { advanceRun, runStatus, runSteps, type RunSnapshot } from '../../src/machines/kernel.js';
+import {
+  RUN_SNAPSHOT_SCHEMA_VERSION,
+  runSnapshotMigrations,
+} from '../../src/machines/snapshot-migrations.js';
+import { createSnapshotCodec } from '../../src/persistence/codec.js';
 import { createKeys } from '../../src/persistence/keys.js';
 import { createSnapshotStore } from '../../src/persistence/snapshot-store.js';
 import { connect, deletePrefix, testPrefix } from '../helpers/redis.js';
@@ -28,10 +33,17 @@ describe('golden run snapshots from earlier releases', () => {
     ) as Record<string, string>;
     const runId = `golden-${name.replace(/\W/g, '-')}`;
     await redis.hset(createKeys(prefix).snap(runId), fields);
-    const store = createSnapshotStore<RunSnapshot>({ redis, prefix });
+    const codec = createSnapshotCodec<RunSnapshot>({
+      schemaVersion: RUN_SNAPSHOT_SCHEMA_VERSION,
+      migrations: runSnapshotMigrations,
+    });
+    const store = createSnapshotStore<RunSnapshot>({ redis, prefix, codec });
     try {
       const env = await store.load(runId);
       expect(env.version).toBe(2);
+      // Migrated on read to the current schema.
+      expect(env.schemaVersion).toBe(RUN_SNAPSHOT_SCHEMA_VERSION);
+      expect(env.snapshot.context).toMatchObject({ stop: null, resumes: 0 });
       expect(runStatus(env.snapshot)).toBe('running');
       expect(runSteps(env.snapshot).map((s) => `${s.stepId}=${s.status}#${s.attempt}`)).toEqual([
         'a=SUCCEEDED#1',

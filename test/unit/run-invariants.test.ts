@@ -22,7 +22,10 @@ const gatedLine = planOf([
   { id: 'b', kind: 'human_gate', dependsOn: ['a'], retry },
 ]);
 
-const FINAL_RUN = ['succeeded', 'failed', 'cancelled'];
+/** Run states that never change. */
+const FINAL_RUN = ['succeeded', 'cancelled'];
+/** Run states with only final steps: `failed` too, which only a resume leaves. */
+const ENDED_RUN = ['succeeded', 'cancelled', 'failed'];
 
 /** Invariants of one state. */
 function checkState(s: RunSnapshot): void {
@@ -33,9 +36,10 @@ function checkState(s: RunSnapshot): void {
   if (s.value === 'succeeded') {
     for (const step of steps) expect(['SUCCEEDED', 'SKIPPED']).toContain(step.status);
   }
-  // A final run has only final steps.
-  if (FINAL_RUN.includes(s.value))
+  // An ended run has only final steps.
+  if (ENDED_RUN.includes(s.value)) {
     for (const step of steps) expect(isFinalStepStatus(step.status)).toBe(true);
+  }
   // The run's view of each step agrees with the step's own actor.
   for (const step of steps) {
     expect(s.context.steps[step.stepId]).toEqual({ status: step.status, attempt: step.attempt });
@@ -48,15 +52,22 @@ function checkEdge(prev: RunSnapshot, event: RunEvent, next: RunSnapshot): void 
   expect(t.snapshot).toEqual(next);
   const before = new Map(runSteps(prev).map((x) => [x.stepId, x]));
   const after = new Map(runSteps(next).map((x) => [x.stepId, x]));
-  // A final run stays final and unchanged.
-  if (FINAL_RUN.includes(prev.value)) {
+  // A final run stays final and unchanged; a failed run changes only when resumed.
+  const resumed = prev.value === 'failed' && event.type === 'run.resumed';
+  if (FINAL_RUN.includes(prev.value) || (prev.value === 'failed' && !resumed)) {
     expect(next).toEqual(prev);
     expect(t.planned).toEqual([]);
   }
+  // Only a resume of a failed run is accepted to re-open steps.
+  if (event.type === 'run.resumed') expect(t.accepted).toBe(resumed);
   for (const [id, b] of before) {
     const a = after.get(id)!;
-    // A final step stays final and unchanged.
-    if (isFinalStepStatus(b.status)) expect(a).toEqual(b);
+    // A final step stays final and unchanged, unless a resume handed its id to a fresh actor
+    // (which starts from PENDING, its attempt count going on).
+    if (isFinalStepStatus(b.status) && !resumed) expect(a).toEqual(b);
+    if (resumed && (b.status === 'FAILED_FINAL' || b.status === 'CANCELLED')) {
+      expect(isFinalStepStatus(a.status)).toBe(false);
+    }
     // Attempts only grow, by at most one per event.
     expect(a.attempt - b.attempt).toBeGreaterThanOrEqual(0);
     expect(a.attempt - b.attempt).toBeLessThanOrEqual(1);
@@ -100,19 +111,22 @@ describe('run machine invariants over the graph xstate enumerates', () => {
     const logic = runLogic(diamondWithGate);
     const map = getAdjacencyMap(logic, traversal);
     let edges = 0;
+    let resumes = 0;
     const finals = new Set<string>();
     for (const { state, edges: out } of nodesOf<Wrapped, RunEvent>(map)) {
       checkState(state.context);
       for (const { event, next } of out) {
         checkEdge(state.context, event, next.context);
         edges++;
-        if (FINAL_RUN.includes(next.context.value)) finals.add(next.context.value);
+        if (event.type === 'run.resumed' && state.context.value === 'failed') resumes++;
+        if (ENDED_RUN.includes(next.context.value)) finals.add(next.context.value);
       }
     }
     // Enough of the space was walked for the checks to mean something.
     expect(Object.keys(map).length).toBeGreaterThan(100);
     expect(edges).toBeGreaterThan(500);
     expect([...finals].sort()).toEqual(['cancelled', 'failed', 'succeeded']);
+    expect(resumes).toBeGreaterThan(0);
   });
 
   it('every simple path of a gated line keeps the invariants, and no attempt runs twice on a path', () => {
@@ -129,6 +143,8 @@ describe('run machine invariants over the graph xstate enumerates', () => {
         // Once the run is final, it stays as it ended.
         if (endedAs !== null) expect(state.context.value).toBe(endedAs);
         if (FINAL_RUN.includes(state.context.value)) endedAs = state.context.value;
+        // A failed run leaves only by a resume, and a path here resumes at most once.
+        if (state.context.value === 'failed' && state.context.context.resumes > 0) endedAs = 'failed';
       }
       // Replay the path's events and count planned executions per (step, attempt).
       let snap = path.steps[0]!.state.context;

@@ -139,6 +139,78 @@ describe('run machine traces', () => {
   });
 });
 
+describe('run machine: stop and resume', () => {
+  it('a budget stop cancels open steps, aborts running attempts, and fails the run with the reason', () => {
+    const t = trace(diamond, [e.ok('a'), e.stop()]);
+    expect(t.text).toMatchInlineSnapshot(`
+      "
+      start ⇒ running | a:PENDING→RUNNING | execute a#1
+      step.succeeded a#1 ⇒ running | a:RUNNING→SUCCEEDED b:PENDING→RUNNING c:PENDING→RUNNING | execute b#1, execute c#1
+      run.stopped ⇒ failed | b:RUNNING→CANCELLED c:RUNNING→CANCELLED d:PENDING→CANCELLED | abort b#1, abort c#1
+      end: a=SUCCEEDED b=CANCELLED c=CANCELLED d=CANCELLED
+      "
+    `);
+    expect(t.snapshot.context.stop).toEqual({
+      reason: 'budget_exceeded',
+      detail: { budget: 'maxSteps', limit: 3 },
+      at: T0 + 7000,
+    });
+    expect(runSteps(t.snapshot).find((s) => s.stepId === 'b')?.reason).toBe('budget_exceeded');
+  });
+
+  it('a failed run resumed re-opens its failed and cancelled steps; attempts go on', () => {
+    const t = trace(diamond, [
+      e.ok('a'),
+      e.fail('b', 1, false),
+      e.ok('c'),
+      e.resume(),
+      e.ok('b', 2),
+      e.ok('d'),
+    ]);
+    expect(t.text).toMatchInlineSnapshot(`
+      "
+      start ⇒ running | a:PENDING→RUNNING | execute a#1
+      step.succeeded a#1 ⇒ running | a:RUNNING→SUCCEEDED b:PENDING→RUNNING c:PENDING→RUNNING | execute b#1, execute c#1
+      step.failed b#1 ⇒ running | b:RUNNING→FAILED_FINAL d:PENDING→CANCELLED
+      step.succeeded c#1 ⇒ failed | c:RUNNING→SUCCEEDED
+      run.resumed ⇒ running | b:FAILED_FINAL→RUNNING d:CANCELLED→PENDING | execute b#2
+      step.succeeded b#2 ⇒ running | b:RUNNING→SUCCEEDED d:PENDING→RUNNING | execute d#1
+      step.succeeded d#1 ⇒ succeeded | d:RUNNING→SUCCEEDED
+      end: a=SUCCEEDED b=SUCCEEDED c=SUCCEEDED d=SUCCEEDED
+      "
+    `);
+    expect(t.snapshot.context.resumes).toBe(1);
+  });
+
+  it('a run stopped by a budget resumes where it stopped', () => {
+    const t = trace(diamond, [
+      e.ok('a'),
+      e.stop(),
+      e.resume(),
+      e.ok('b', 2),
+      e.ok('c', 2),
+      e.ok('d'),
+    ]);
+    expect(t.last.status).toBe('succeeded');
+    expect(t.snapshot.context.stop).toBeNull();
+  });
+
+  it('resume is ignored unless the run failed; cancel and stop are ignored once it failed', () => {
+    const running = trace(diamond, [e.ok('a')]);
+    expect(advanceRun(running.snapshot, e.resume()).accepted).toBe(false);
+    const failed = trace(diamond, [e.ok('a'), e.fail('b', 1, false), e.ok('c')]);
+    expect(failed.last.status).toBe('failed');
+    expect(advanceRun(failed.snapshot, e.cancel()).accepted).toBe(false);
+    expect(advanceRun(failed.snapshot, e.stop()).accepted).toBe(false);
+  });
+
+  it('a gate rejected and resumed asks for approval again', () => {
+    const t = trace(gated, [e.ok('draft'), e.reject('review'), e.resume()]);
+    expect(t.last.status).toBe('waiting');
+    expect(t.last.planned).toEqual([{ type: 'step.requestApproval', stepId: 'review' }]);
+  });
+});
+
 describe('run machine rules', () => {
   it('a SKIPPED step satisfies its dependents', () => {
     const t = trace(line, [e.ok('fetch'), e.skip('send'), e.ok('report')]);
