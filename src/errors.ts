@@ -20,6 +20,16 @@ export const ErrorCode = {
   RedisUnavailable: 'redis_unavailable',
   Invariant: 'invariant',
   Unknown: 'unknown',
+  ToolOutcomeUnknown: 'tool_outcome_unknown',
+  ToolInputInvalid: 'tool_input_invalid',
+  NonDeterminism: 'non_determinism',
+  ToolCallBusy: 'tool_call_busy',
+  ConfigurationInvalid: 'configuration_invalid',
+  ToolUnknown: 'tool_unknown',
+  LedgerStateInvalid: 'ledger_state_invalid',
+  BudgetExceeded: 'budget_exceeded',
+  StepNotWaiting: 'step_not_waiting',
+  RunNotResumable: 'run_not_resumable',
 } as const;
 /** A value of {@link ErrorCode}. */
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
@@ -277,6 +287,246 @@ export class UnknownError extends FlujoError {
   }
 }
 
+/** Where a tool call sits: its run, step, ledger call id and tool identity (`name@version`). */
+export interface ToolCallRef {
+  runId: string;
+  stepId: string;
+  callId: string;
+  tool: string;
+  tenantId?: string;
+}
+
+/**
+ * A non-idempotent tool call started but its worker stopped before recording a receipt, so whether
+ * its side effect happened is unknown. It is never re-run blindly: a person checks and resolves it.
+ */
+export class ToolOutcomeUnknownError extends FlujoError {
+  override name = 'ToolOutcomeUnknownError';
+  readonly code = ErrorCode.ToolOutcomeUnknown;
+  readonly runId: string;
+  readonly stepId: string;
+  readonly callId: string;
+  readonly tool: string;
+  readonly tenantId: string | undefined;
+  constructor(call: ToolCallRef, options?: FlujoErrorOptions) {
+    const { runId, stepId, callId, tool } = call;
+    super(
+      `Tool "${tool}" call ${callId} of step "${stepId}" started but its outcome is unknown (its worker stopped before recording a receipt) and the tool is not idempotent, so it was not run again. Check the tool's side effect, then resolve it: flujo ledger resolve ${runId} ${callId} --succeeded '<receipt json>'  or  flujo ledger resolve ${runId} ${callId} --retry (then flujo resume ${runId})`,
+      false,
+      options,
+    );
+    this.runId = runId;
+    this.stepId = stepId;
+    this.callId = callId;
+    this.tool = tool;
+    this.tenantId = call.tenantId;
+  }
+  override get details(): unknown {
+    const { runId, stepId, callId, tool, tenantId } = this;
+    return tenantId === undefined
+      ? { runId, stepId, callId, tool }
+      : { runId, stepId, callId, tool, tenantId };
+  }
+}
+
+/** A tool's arguments failed its input schema. Lists every problem with its path (`args.to`). */
+export class ToolInputError extends FlujoError {
+  override name = 'ToolInputError';
+  readonly code = ErrorCode.ToolInputInvalid;
+  readonly issues: readonly ValidationIssue[];
+  constructor(
+    readonly tool: string,
+    issues: readonly ValidationIssue[],
+    options?: FlujoErrorOptions,
+  ) {
+    super(listIssues(`Invalid arguments for tool "${tool}"`, issues), false, options);
+    this.issues = issues;
+  }
+  override get details(): unknown {
+    return { tool: this.tool, issues: this.issues };
+  }
+}
+
+/** What a ledger entry was recorded for, or what a call asks for: tool identity and args hash. */
+export interface ToolCallShape {
+  tool: string;
+  argsHash: string;
+}
+
+/**
+ * The ledger holds an entry for this call id with another tool or other arguments: the run's code or
+ * inputs changed since the call was recorded. Never retryable.
+ */
+export class NonDeterminismError extends FlujoError {
+  override name = 'NonDeterminismError';
+  readonly code = ErrorCode.NonDeterminism;
+  constructor(
+    readonly runId: string,
+    readonly callId: string,
+    readonly recorded: ToolCallShape,
+    readonly requested: ToolCallShape,
+    options?: FlujoErrorOptions,
+  ) {
+    const what = (s: ToolCallShape): string =>
+      `tool "${s.tool}" (args hash ${s.argsHash.slice(0, 12)})`;
+    super(
+      `Non-determinism in run "${runId}": ledger entry ${callId} was recorded for ${what(recorded)}, but this call is ${what(requested)}. The run's code or inputs changed since the call was recorded; resume it with the code that started it, or start a new run.`,
+      false,
+      options,
+    );
+  }
+  override get details(): unknown {
+    return {
+      runId: this.runId,
+      callId: this.callId,
+      recorded: this.recorded,
+      requested: this.requested,
+    };
+  }
+}
+
+/** Another worker holds a live lease on this tool call. Retryable once the lease ends (`retryAfterMs`). */
+export class ToolCallBusyError extends FlujoError {
+  override name = 'ToolCallBusyError';
+  readonly code = ErrorCode.ToolCallBusy;
+  constructor(
+    readonly runId: string,
+    readonly callId: string,
+    readonly tool: string,
+    leaseRemainingMs: number,
+    options?: Omit<FlujoErrorOptions, 'retryAfterMs'>,
+  ) {
+    super(
+      `Tool "${tool}" call ${callId} of run "${runId}" is being run by another worker (its lease ends in ${leaseRemainingMs} ms). Retry after that: the call then returns its receipt, or is found in doubt if that worker died.`,
+      true,
+      { ...options, retryAfterMs: leaseRemainingMs },
+    );
+  }
+  override get details(): unknown {
+    return { runId: this.runId, callId: this.callId, tool: this.tool };
+  }
+}
+
+/** The runtime was configured wrongly (e.g. a tool definition). The message names the field and the fix. */
+export class ConfigurationError extends FlujoError {
+  override name = 'ConfigurationError';
+  readonly code = ErrorCode.ConfigurationInvalid;
+  readonly field: string | undefined;
+  constructor(message: string, options?: FlujoErrorOptions & { field?: string }) {
+    super(message, false, options);
+    this.field = options?.field;
+  }
+  override get details(): unknown {
+    return this.field === undefined ? undefined : { field: this.field };
+  }
+}
+
+/** No tool with this name is registered. Lists the registered ones. */
+export class UnknownToolError extends FlujoError {
+  override name = 'UnknownToolError';
+  readonly code = ErrorCode.ToolUnknown;
+  constructor(
+    readonly tool: string,
+    readonly registered: readonly string[],
+    options?: FlujoErrorOptions,
+  ) {
+    super(
+      registered.length === 0
+        ? `Unknown tool "${tool}": no tools are registered. Register it with registry.register(defineTool({ name: "${tool}", ... })).`
+        : `Unknown tool "${tool}". Registered tools: ${registered.join(', ')}. Fix the name or register the tool.`,
+      false,
+      options,
+    );
+  }
+  override get details(): unknown {
+    return { tool: this.tool, registered: this.registered };
+  }
+}
+
+/** A ledger operation is not allowed in the entry's current state (e.g. resolving a call that is not in doubt). */
+export class LedgerStateError extends FlujoError {
+  override name = 'LedgerStateError';
+  readonly code = ErrorCode.LedgerStateInvalid;
+  constructor(
+    readonly runId: string,
+    readonly callId: string,
+    /** The entry's state, or null when there is no entry. */
+    readonly state: string | null,
+    message: string,
+    options?: FlujoErrorOptions,
+  ) {
+    super(message, false, options);
+  }
+  override get details(): unknown {
+    return { runId: this.runId, callId: this.callId, state: this.state };
+  }
+}
+
+/** A run hit one of its budgets (`maxSteps`, `maxToolCalls`, `maxWallClockMs`, …): it stops. */
+export class BudgetExceededError extends FlujoError {
+  override name = 'BudgetExceededError';
+  readonly code = ErrorCode.BudgetExceeded;
+  constructor(
+    readonly budget: string,
+    readonly limit: number,
+    readonly used: number,
+    options?: FlujoErrorOptions,
+  ) {
+    super(
+      `Budget ${budget} exceeded: limit ${limit}, reached ${used}. Raise budgets.${budget} in the plan to allow more.`,
+      false,
+      options,
+    );
+  }
+  override get details(): unknown {
+    return { budget: this.budget, limit: this.limit, used: this.used };
+  }
+}
+
+/** Approve or reject named a step that is not waiting for approval. Nothing was written. */
+export class StepNotWaitingError extends FlujoError {
+  override name = 'StepNotWaitingError';
+  readonly code = ErrorCode.StepNotWaiting;
+  constructor(
+    readonly runId: string,
+    readonly stepId: string,
+    readonly status: string | null,
+    steps: readonly string[],
+    options?: FlujoErrorOptions,
+  ) {
+    super(
+      status === null
+        ? `Run "${runId}" has no step "${stepId}". Its steps: ${steps.join(', ')}.`
+        : `Step "${stepId}" of run "${runId}" is ${status}, not waiting for approval; only a step in WAITING_APPROVAL can be approved or rejected (see \`flujo status ${runId}\`).`,
+      false,
+      options,
+    );
+  }
+  override get details(): unknown {
+    return { runId: this.runId, stepId: this.stepId, status: this.status };
+  }
+}
+
+/** Resume was asked of a run that has not failed. */
+export class RunNotResumableError extends FlujoError {
+  override name = 'RunNotResumableError';
+  readonly code = ErrorCode.RunNotResumable;
+  constructor(
+    readonly runId: string,
+    readonly status: string,
+    options?: FlujoErrorOptions,
+  ) {
+    super(
+      `Run "${runId}" is ${status}; only a failed run can be resumed (a running or waiting run goes on by itself while a worker runs).`,
+      false,
+      options,
+    );
+  }
+  override get details(): unknown {
+    return { runId: this.runId, status: this.status };
+  }
+}
+
 /**
  * An error read back from JSON. It keeps the original `name`, `code`, `retryable`,
  * `retryAfterMs` and `details`, whatever class produced it (also classes of newer releases).
@@ -316,12 +566,20 @@ export function isRetryable(error: unknown): boolean {
   return isFlujoError(error) && error.retryable;
 }
 
-/** Normalizes anything thrown into a {@link FlujoError}, keeping the original as `cause`. */
-export function toFlujoError(thrown: unknown): FlujoError {
+/**
+ * Normalizes anything thrown into a {@link FlujoError}, keeping the original as `cause`. A foreign
+ * error that carries a boolean `retryable` keeps it; otherwise it gets `defaultRetryable` (user
+ * code such as operators and tools passes `true`: an unexplained failure is treated as transient).
+ */
+export function toFlujoError(thrown: unknown, defaultRetryable = false): FlujoError {
   if (thrown instanceof FlujoError) return thrown;
-  if (thrown instanceof Error) return new UnknownError(thrown.message, { cause: thrown });
+  const flag = (thrown as { retryable?: unknown } | null | undefined)?.retryable;
+  const retryable = typeof flag === 'boolean' ? flag : defaultRetryable;
+  if (thrown instanceof Error)
+    return new UnknownError(thrown.message, { cause: thrown, retryable });
   return new UnknownError(typeof thrown === 'string' ? thrown : 'Non-error value thrown', {
     cause: thrown,
+    retryable,
   });
 }
 

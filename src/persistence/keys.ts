@@ -25,6 +25,10 @@ export const RunKeyKind = {
   Journal: 'journal',
   /** Offloaded large values. */
   Blobs: 'blobs',
+  /** HASH: what the run was started with (plan, input, tenant, request key). */
+  Meta: 'meta',
+  /** HASH: usage counters checked against the run's budgets (tool calls, …). */
+  Counters: 'counters',
 } as const;
 /** A value of {@link RunKeyKind}. */
 export type RunKeyKind = (typeof RunKeyKind)[keyof typeof RunKeyKind];
@@ -39,12 +43,25 @@ export interface Keys {
   snap(runId: string): string;
   /** The run's event stream (STREAM). */
   events(runId: string): string;
-  /** The run's tool-call ledger. */
-  ledger(runId: string): string;
+  /**
+   * The run's tool-call ledger: `<prefix>:{<runId>}:ledger`, or with a tenant
+   * `<prefix>:{<runId>}:ledger:<tenantId>` (the tenant after the hash tag keeps the run in one slot).
+   */
+  ledger(runId: string, tenantId?: string): string;
   /** The run's model-response journal. */
   journal(runId: string): string;
   /** The run's offloaded blobs. */
   blobs(runId: string): string;
+  /** What the run was started with (HASH). */
+  meta(runId: string): string;
+  /** The run's usage counters (HASH). */
+  counters(runId: string): string;
+  /** SET of runs that have not ended: a starting worker re-enqueues their work. Not run-scoped. */
+  activeRuns(): string;
+  /** STRING: the run id a request key maps to, per tenant. Not run-scoped. */
+  requestKey(tenantId: string, requestKey: string): string;
+  /** The BullMQ key prefix: hash-tagged, so every queue key shares one Redis Cluster slot. */
+  queuePrefix(): string;
 }
 
 /** Throws {@link InputValidationError} naming `field` unless `runId` is a valid run id. */
@@ -52,6 +69,14 @@ export function assertRunId(runId: unknown, field = 'runId'): asserts runId is s
   const problem = runIdProblem(runId);
   if (problem !== undefined) {
     throw new InputValidationError('run id', [{ path: field, message: problem }]);
+  }
+}
+
+/** Throws {@link InputValidationError} naming `field` unless `tenantId` is valid (same rules as a run id). */
+export function assertTenantId(tenantId: unknown, field = 'tenantId'): asserts tenantId is string {
+  const problem = runIdProblem(tenantId);
+  if (problem !== undefined) {
+    throw new InputValidationError('tenant id', [{ path: field, message: problem }]);
   }
 }
 
@@ -96,8 +121,26 @@ export function createKeys(prefix: string = DEFAULT_KEY_PREFIX): Keys {
     runKey,
     snap: (runId) => runKey(runId, RunKeyKind.Snap),
     events: (runId) => runKey(runId, RunKeyKind.Events),
-    ledger: (runId) => runKey(runId, RunKeyKind.Ledger),
+    ledger: (runId, tenantId) => {
+      const key = runKey(runId, RunKeyKind.Ledger);
+      if (tenantId === undefined) return key;
+      assertTenantId(tenantId);
+      return `${key}:${tenantId}`;
+    },
     journal: (runId) => runKey(runId, RunKeyKind.Journal),
     blobs: (runId) => runKey(runId, RunKeyKind.Blobs),
+    meta: (runId) => runKey(runId, RunKeyKind.Meta),
+    counters: (runId) => runKey(runId, RunKeyKind.Counters),
+    activeRuns: () => `${prefix}:active-runs`,
+    requestKey: (tenantId, requestKey) => {
+      assertTenantId(tenantId);
+      if (typeof requestKey !== 'string' || requestKey.length === 0 || requestKey.length > 512) {
+        throw new InputValidationError('request key', [
+          { path: 'requestKey', message: 'must be a string of 1 to 512 characters' },
+        ]);
+      }
+      return `${prefix}:request:${tenantId}:${requestKey}`;
+    },
+    queuePrefix: () => `{${prefix}:q}`,
   };
 }

@@ -126,3 +126,14 @@ describe('errors', () => {
     expect(findCause(loop, () => false)).toBeUndefined();
   });
 });
+
+describe('toFlujoError retryability', () => {
+  it("keeps a foreign error's retryable flag, else uses the default given", () => {
+    expect(toFlujoError(new Error('x')).retryable).toBe(false);
+    expect(toFlujoError(new Error('x'), true).retryable).toBe(true);
+    expect(toFlujoError(Object.assign(new Error('x'), { retryable: false }), true).retryable).toBe(
+      false,
+    );
+    expect(toFlujoError(Object.assign(new Error('x'), { retryable: true })).retryable).toBe(true);
+  });
+});

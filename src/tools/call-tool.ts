@@ -1,0 +1,200 @@
+/**
+ * The ledger-guarded tool gateway: every tool call is checked against the ledger before it runs and
+ * its outcome is recorded after, so a recorded call is never run again and a call whose outcome is
+ * unknown is re-run only when the tool can take it (same idempotency key), never blindly.
+ */
+import {
+  reviveError,
+  toFlujoError,
+  ToolCallBusyError,
+  ToolOutcomeUnknownError,
+} from '../errors.js';
+import { debugPoint, DebugPoint } from '../internal/debug-points.js';
+import type { JsonValue } from '../internal/json.js';
+import type { Ledger, LedgerEntry } from '../persistence/ledger.js';
+import { ledgerCallId } from '../persistence/ledger-ids.js';
+import {
+  canRerunInDoubt,
+  parseToolArgs,
+  parseToolOutput,
+  type ToolContext,
+  type ToolDefinition,
+} from './define-tool.js';
+
+/** Where a tool call happens. */
+export interface CallToolContext {
+  runId: string;
+  stepId: string;
+  tenantId: string;
+  /** The step's attempt number, passed on to the tool. */
+  attempt: number;
+  /** Cancels the call; passed on to the tool. */
+  signal?: AbortSignal;
+}
+
+/** Options of {@link callTool}. */
+export interface CallToolOptions {
+  ledger: Ledger;
+  tool: ToolDefinition;
+  /** The raw arguments; parsed with the tool's input schema. */
+  args: unknown;
+  ctx: CallToolContext;
+  /**
+   * How long a worker owns the call without renewing; renewed every third of it while the tool runs.
+   * @defaultValue 5000
+   */
+  leaseMs?: number;
+  /**
+   * The ledger call id, e.g. derived from the model's tool call id in granular mode.
+   * @defaultValue `ledgerCallId({ tenantId, runId, stepId, tool: tool.identity, args })`
+   */
+  callId?: string;
+  /**
+   * Called once the call will really run (not for a recorded receipt), before the lease is taken:
+   * e.g. to count it against a budget. Throwing here leaves the call PREPARED, with nothing run.
+   */
+  beforeRun?: () => Promise<void> | void;
+}
+
+/** What {@link callTool} returns. */
+export interface CallToolResult {
+  /** What the tool returned (parsed by its output schema), as recorded in the ledger. */
+  receipt: JsonValue;
+  /** True when the receipt came from the ledger and the tool was not run by this call. */
+  replayed: boolean;
+  /** The ledger entry after the call. */
+  entry: LedgerEntry;
+}
+
+/** Returns a recorded receipt, or throws a recorded final error; undefined when the call must run. */
+function recordedOutcome(entry: LedgerEntry): CallToolResult | undefined {
+  if (entry.state === 'SUCCEEDED') return { receipt: entry.receipt, replayed: true, entry };
+  if (entry.state === 'FAILED' && entry.error !== null && !entry.error.retryable) {
+    // A final failure is the call's outcome: replay it, like a receipt.
+    throw reviveError(entry.error);
+  }
+  return undefined;
+}
+
+/**
+ * Calls a tool through the ledger: parses the arguments (`ToolInputError`), returns the recorded
+ * receipt of a call that already succeeded (`replayed: true`), refuses to re-run a call in doubt
+ * unless the tool is idempotent (`ToolOutcomeUnknownError`), takes the call's lease
+ * (`ToolCallBusyError` while another worker holds it), runs the tool with
+ * `ctx.idempotencyKey = callId`, and records its receipt or its error.
+ */
+export async function callTool(options: CallToolOptions): Promise<CallToolResult> {
+  const { ledger, tool, ctx, leaseMs = 5000 } = options;
+  const { runId, stepId, tenantId } = ctx;
+  const args = await parseToolArgs(tool, options.args);
+  const callId =
+    options.callId ?? ledgerCallId({ tenantId, runId, stepId, tool: tool.identity, args });
+
+  const prepared = await ledger.prepare({
+    runId,
+    stepId,
+    tenantId,
+    callId,
+    tool: tool.identity,
+    args,
+  });
+  const recorded = recordedOutcome(prepared);
+  if (recorded !== undefined) return recorded;
+  const rerun = canRerunInDoubt(tool);
+  if (prepared.state === 'IN_DOUBT' && !rerun) {
+    throw new ToolOutcomeUnknownError({ runId, stepId, callId, tool: tool.identity, tenantId });
+  }
+  ctx.signal?.throwIfAborted();
+  await options.beforeRun?.();
+  const entry = await ledger.markRunning(runId, tenantId, callId, leaseMs, { rerunInDoubt: rerun });
+  return recordedOutcome(entry) ?? runOwned(options, args, entry, leaseMs, rerun);
+}
+
+/** Runs the tool under the lease of run number `entry.runs` and records the outcome. */
+async function runOwned(
+  options: CallToolOptions,
+  args: JsonValue,
+  entry: LedgerEntry,
+  leaseMs: number,
+  rerun: boolean,
+): Promise<CallToolResult> {
+  const { ledger, tool, ctx } = options;
+  const { runId, stepId, tenantId, attempt } = ctx;
+  const { callId, runs } = entry;
+  const lost = new AbortController();
+  const signal =
+    ctx.signal === undefined ? lost.signal : AbortSignal.any([ctx.signal, lost.signal]);
+  const timer = setInterval(
+    () => {
+      ledger.renewLease(runId, tenantId, callId, leaseMs, runs).then(
+        ({ applied }) => {
+          if (!applied) lost.abort(new ToolCallBusyError(runId, callId, tool.identity, leaseMs));
+        },
+        // Redis trouble: try again on the next tick; a lapsed lease only makes the call in doubt.
+        () => undefined,
+      );
+    },
+    Math.max(1, Math.floor(leaseMs / 3)),
+  );
+  timer.unref();
+
+  const toolCtx: ToolContext = {
+    idempotencyKey: callId,
+    signal,
+    runId,
+    stepId,
+    callId,
+    attempt,
+    tenantId,
+  };
+  let value: unknown;
+  try {
+    value = await tool.run(args, toolCtx);
+  } catch (thrown) {
+    clearInterval(timer);
+    const error = toFlujoError(thrown, true);
+    if (signal.aborted) {
+      // Cut off mid-call: the effect may or may not have happened. A keyed tool may run again
+      // (retryable); for any other tool the lease lapses into IN_DOUBT, for a person to check.
+      if (!rerun) throw error;
+      await ledger.markFailed(
+        runId,
+        tenantId,
+        callId,
+        { ...error.toJSON(), retryable: true },
+        runs,
+      );
+      throw error;
+    }
+    await ledger.markFailed(runId, tenantId, callId, error.toJSON(), runs);
+    throw error;
+  } finally {
+    clearInterval(timer);
+  }
+  debugPoint(DebugPoint.afterToolEffect, tool.name);
+
+  let receipt: JsonValue;
+  try {
+    receipt = await parseToolOutput(tool, value);
+  } catch (thrown) {
+    // The effect happened, so a bad result is final: recorded, never re-run.
+    const error = toFlujoError(thrown);
+    await ledger.markFailed(runId, tenantId, callId, { ...error.toJSON(), retryable: false }, runs);
+    throw error;
+  }
+  const { entry: after, applied } = await ledger.markSucceeded(
+    runId,
+    tenantId,
+    callId,
+    receipt,
+    runs,
+  );
+  if (!applied) {
+    // Another worker took the call over while this one ran (the lease lapsed).
+    if (after.state === 'SUCCEEDED')
+      return { receipt: after.receipt, replayed: true, entry: after };
+    throw new ToolCallBusyError(runId, callId, tool.identity, leaseMs);
+  }
+  debugPoint(DebugPoint.afterReceipt, tool.name);
+  return { receipt, replayed: false, entry: after };
+}
