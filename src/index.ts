@@ -131,3 +131,18 @@ export type {
 } from './persistence/snapshot-store.js';
 export { startEmbeddedRedis } from './persistence/embedded-redis.js';
 export type { EmbeddedRedis, EmbeddedRedisOptions } from './persistence/embedded-redis.js';
+
+// The runtime: start, steer and observe runs; workers execute them through BullMQ.
+export { createRuntime } from './runtime.js';
+export type {
+  DecisionInput,
+  RunHandle,
+  RunReport,
+  Runtime,
+  RuntimeOptions,
+  StartOptions,
+} from './runtime.js';
+export type { CoreOptions } from './worker/core.js';
+export type { FlujoWorker, WorkerOptions } from './worker/worker.js';
+export type { Operator, OperatorContext, StepTools } from './actors/execute-step.js';
+export type { RunSummary } from './actors/run-host.js';

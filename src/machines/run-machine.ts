@@ -1,4 +1,4 @@
-import { assign, emit, enqueueActions, sendTo, setup, type AnyActorRef } from 'xstate';
+import { assign, emit, enqueueActions, sendTo, setup } from 'xstate';
 import type { Plan } from '../plan/schema.js';
 import { stepNeedsApproval } from '../plan/schema.js';
 import type { JsonValue } from '../internal/json.js';
@@ -290,7 +290,7 @@ export const runMachine = setup({
         'run.resumed': {
           target: 'running',
           actions: enqueueActions(({ enqueue, context, event, self }) => {
-            const children = self.getSnapshot().children as Record<string, AnyActorRef | undefined>;
+            const children = self.getSnapshot().children;
             const reopened: string[] = [];
             for (const id of context.order) {
               const status = context.steps[id]?.status;

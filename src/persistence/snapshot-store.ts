@@ -83,12 +83,18 @@ export interface SnapshotStoreOptions<S = unknown> {
 
 /** Persists run snapshots with compare-and-set and appends run events atomically with them. */
 export interface SnapshotStore<S = unknown> {
-  /** Creates a run at version 0; throws `RunAlreadyExistsError` if the run id is taken. */
+  /**
+   * Creates a run at version 0; throws `RunAlreadyExistsError` if the run id is taken. `meta`
+   * (string fields: what the run was started with) is written in the same transaction.
+   */
   create(
     runId: string,
     snapshot: S,
     events?: readonly RunEventRecord[],
+    meta?: Readonly<Record<string, string>>,
   ): Promise<SnapshotEnvelope<S>>;
+  /** The meta fields written at creation (empty when the run has none or does not exist). */
+  loadMeta(runId: string): Promise<Record<string, string>>;
   /** Loads (and migrates) a run's envelope; throws `RunNotFoundError` when there is none. */
   load(runId: string): Promise<SnapshotEnvelope<S>>;
   /** Loads (and migrates) a run's envelope, or returns null when there is none. */
@@ -207,7 +213,8 @@ export function createSnapshotStore<S = unknown>(
    * create: writes version 0 of a new run.
    *   Watched keys:  snap
    *   Reads:         EXISTS snap (sent with WATCH, one round trip)
-   *   Written keys:  snap (HSET v sv s u), events (XADD * v t d, one per event), in one MULTI/EXEC
+   *   Written keys:  snap (HSET v sv s u), events (XADD * v t d, one per event), meta (HSET, if
+   *                  given), in one MULTI/EXEC
    *   Returns:       the envelope at version 0
    *   Throws:        RunAlreadyExistsError when snap exists, or when EXEC aborts (only another
    *                  create can write a snap key that does not exist)
@@ -216,6 +223,7 @@ export function createSnapshotStore<S = unknown>(
     runId: string,
     snapshot: S,
     events: readonly RunEventRecord[] = [],
+    meta: Readonly<Record<string, string>> = {},
   ): Promise<SnapshotEnvelope<S>> {
     const snapKey = keys.snap(runId);
     const eventsKey = keys.events(runId);
@@ -240,15 +248,18 @@ export function createSnapshotStore<S = unknown>(
       throw new RunAlreadyExistsError(runId);
     }
     let replies: [Error | null, unknown][] | null;
+    const metaFields = Object.entries(meta).flat();
     try {
-      replies = await transaction(conn, snapKey, eventsKey, fields, encoded).exec();
+      const tx = transaction(conn, snapKey, eventsKey, fields, encoded);
+      if (metaFields.length > 0) tx.hset(keys.meta(runId), ...metaFields);
+      replies = await tx.exec();
     } catch (error) {
       pool.discard(conn);
       return fail(error, conn);
     }
     pool.release(conn);
     if (replies === null) throw new RunAlreadyExistsError(runId);
-    checkExecReplies(runId, replies, 1 + encoded.length / 2);
+    checkExecReplies(runId, replies, 1 + encoded.length / 2 + (metaFields.length > 0 ? 1 : 0));
     return envelope;
   }
 
@@ -327,6 +338,14 @@ export function createSnapshotStore<S = unknown>(
     return Object.keys(fields).length === 0 ? null : codec.decode(runId, fields);
   }
 
+  async function loadMeta(runId: string): Promise<Record<string, string>> {
+    try {
+      return await redis.hgetall(keys.meta(runId));
+    } catch (error) {
+      return fail(error);
+    }
+  }
+
   async function load(runId: string): Promise<SnapshotEnvelope<S>> {
     const envelope = await tryLoad(runId);
     if (envelope === null) throw new RunNotFoundError(runId);
@@ -364,6 +383,7 @@ export function createSnapshotStore<S = unknown>(
 
   return {
     create,
+    loadMeta,
     load,
     tryLoad,
     commit,

@@ -46,11 +46,15 @@ export const pausedSchema = z
   })
   .strict();
 
-/** Execution was halted on purpose (cancel, budget, circuit breaker); `reason` is a code. */
+/**
+ * Execution was halted on purpose (cancel, budget, a rejected gate); `reason` is a code. Without
+ * `stepId`, the whole run was halted.
+ */
 export const abortedSchema = z
   .object({
     type: z.literal('aborted'),
     ...base,
+    stepId: z.string().min(1).optional(),
     reason: z.string().min(1),
     message: z.string().optional(),
   })

@@ -144,7 +144,8 @@ describe('run machine invariants over the graph xstate enumerates', () => {
         if (endedAs !== null) expect(state.context.value).toBe(endedAs);
         if (FINAL_RUN.includes(state.context.value)) endedAs = state.context.value;
         // A failed run leaves only by a resume, and a path here resumes at most once.
-        if (state.context.value === 'failed' && state.context.context.resumes > 0) endedAs = 'failed';
+        if (state.context.value === 'failed' && state.context.context.resumes > 0)
+          endedAs = 'failed';
       }
       // Replay the path's events and count planned executions per (step, attempt).
       let snap = path.steps[0]!.state.context;

@@ -1,0 +1,193 @@
+import { createHash } from 'node:crypto';
+import canonicalize from 'canonicalize';
+import {
+  BudgetExceededError,
+  ConfigurationError,
+  toFlujoError,
+  type SerializedError,
+} from '../errors.js';
+import { findNonJson, type JsonValue } from '../internal/json.js';
+import type { StepState } from '../machines/kernel.js';
+import type { PlanStep } from '../plan/schema.js';
+import type { Ledger } from '../persistence/ledger.js';
+import { callTool } from '../tools/call-tool.js';
+import type { ToolRegistry } from '../tools/registry.js';
+
+/** What an operator receives. */
+export interface OperatorContext {
+  /** The step's input: the plan's `input` for the step when it has one, else the run's input. */
+  input: JsonValue;
+  /** The run's input. */
+  runInput: JsonValue;
+  /** Outputs of the steps this one depends on, by step id. */
+  deps: Record<string, JsonValue>;
+  runId: string;
+  stepId: string;
+  /** 1 for the first attempt. */
+  attempt: number;
+  tenantId: string;
+  /** The same for every attempt of this step (or, with `idempotency.keyInputs`, for these inputs). */
+  idempotencyKey: string;
+  /** Aborted when the run is cancelled or the worker shuts down. */
+  signal: AbortSignal;
+  /** Registered tools, every call recorded in the ledger: a recorded call returns its receipt. */
+  tools: StepTools;
+}
+
+/** Ledger-guarded tool calls from inside a step. */
+export interface StepTools {
+  /** Calls tool `name` with `args` at most once per identical call in this run. */
+  call<T = unknown>(name: string, args: unknown): Promise<T>;
+}
+
+/** A registered operator: an async function from its context to a JSON result. */
+export type Operator = (context: OperatorContext) => unknown;
+
+/** Everything a step execution needs from the worker. */
+export interface StepExecutionDeps {
+  operators: ReadonlyMap<string, Operator>;
+  tools: ToolRegistry;
+  ledger: Ledger;
+  /** Counts a tool call against the run's budget; returns the count including this call. */
+  countToolCall(runId: string): Promise<number>;
+  maxToolCalls: number | undefined;
+  leaseMs: number;
+}
+
+/** What one step attempt came to: an output, a failure, or a budget stop of the whole run. */
+export type StepResult =
+  | { kind: 'succeeded'; output: JsonValue }
+  | { kind: 'failed'; error: SerializedError }
+  | { kind: 'budget'; error: BudgetExceededError };
+
+const sha256 = (value: unknown): string =>
+  createHash('sha256')
+    .update(canonicalize(value) ?? '')
+    .digest('hex');
+
+function pick(input: JsonValue, path: string): JsonValue | null {
+  let cur: JsonValue | undefined = input;
+  for (const seg of path.split('.')) {
+    if (cur === null || typeof cur !== 'object' || Array.isArray(cur)) return null;
+    cur = cur[seg];
+  }
+  return cur ?? null;
+}
+
+/** The idempotency key of a step: per run and step, or derived from the declared key inputs. */
+export function stepIdempotencyKey(
+  tenantId: string,
+  runId: string,
+  step: PlanStep,
+  input: JsonValue,
+): string {
+  const keyInputs = step.idempotency.keyInputs;
+  if (keyInputs.length === 0) return sha256({ tenant: tenantId, run: runId, step: step.id });
+  const operator = step.kind === 'operator' ? step.operator : step.kind;
+  return sha256({
+    tenant: tenantId,
+    operator,
+    inputs: Object.fromEntries(keyInputs.map((p) => [p, pick(input, p)])),
+  });
+}
+
+/**
+ * Runs one attempt of a step: the exception choke point. Whatever the operator throws becomes a
+ * failure with its retryability (a runtime error says; anything else counts as transient unless it
+ * carries `retryable: false`); a budget hit is returned apart, since it stops the whole run.
+ */
+export async function executeStep(
+  deps: StepExecutionDeps,
+  args: {
+    step: PlanStep;
+    state: StepState;
+    runId: string;
+    tenantId: string;
+    runInput: JsonValue;
+    depOutputs: Record<string, JsonValue>;
+    signal: AbortSignal;
+  },
+): Promise<StepResult> {
+  const { step, state, runId, tenantId, runInput, depOutputs, signal } = args;
+  const input = step.input === undefined ? runInput : step.input;
+  try {
+    const output = await run();
+    const problems = findNonJson(output, 'output');
+    if (problems.length > 0) {
+      const what = problems.map((p) => `${p.path}: ${p.message}`).join('; ');
+      throw new ConfigurationError(
+        `step "${step.id}" returned a value that is not JSON (${what}); return plain JSON`,
+      );
+    }
+    return { kind: 'succeeded', output: (output ?? null) as JsonValue };
+  } catch (thrown) {
+    if (thrown instanceof BudgetExceededError) return { kind: 'budget', error: thrown };
+    return { kind: 'failed', error: toFlujoError(thrown, true).toJSON() };
+  }
+
+  async function run(): Promise<unknown> {
+    switch (step.kind) {
+      case 'human_gate':
+        // The gate was approved (that is how the step got to run): its output is the decision.
+        return { approvedBy: state.approval?.by ?? null, comment: state.approval?.comment ?? null };
+      case 'agent':
+        throw new ConfigurationError(
+          `step "${step.id}" is an agent step; agent steps are not available in this release of the worker`,
+        );
+      default: {
+        const name = step.kind === 'operator' ? step.operator : step.policy;
+        const op = deps.operators.get(name);
+        if (op === undefined) {
+          const known = [...deps.operators.keys()].join(', ') || '(none)';
+          throw new ConfigurationError(
+            `no operator "${name}" is registered in this worker (step "${step.id}"); register it with runtime.operator("${name}", fn). Registered: ${known}`,
+          );
+        }
+        return await op({
+          input,
+          runInput,
+          deps: depOutputs,
+          runId,
+          stepId: step.id,
+          attempt: state.attempt,
+          tenantId,
+          idempotencyKey: stepIdempotencyKey(tenantId, runId, step, input),
+          signal,
+          tools: stepTools(deps, {
+            runId,
+            stepId: step.id,
+            tenantId,
+            attempt: state.attempt,
+            signal,
+          }),
+        });
+      }
+    }
+  }
+}
+
+function stepTools(
+  deps: StepExecutionDeps,
+  ctx: { runId: string; stepId: string; tenantId: string; attempt: number; signal: AbortSignal },
+): StepTools {
+  return {
+    async call<T>(name: string, args: unknown): Promise<T> {
+      const tool = deps.tools.get(name);
+      const result = await callTool({
+        ledger: deps.ledger,
+        tool,
+        args,
+        ctx,
+        leaseMs: deps.leaseMs,
+        beforeRun: async () => {
+          // Only calls that will really run count; a replayed receipt is free.
+          const used = await deps.countToolCall(ctx.runId);
+          if (deps.maxToolCalls !== undefined && used > deps.maxToolCalls) {
+            throw new BudgetExceededError('maxToolCalls', deps.maxToolCalls, used);
+          }
+        },
+      });
+      return result.receipt as T;
+    },
+  };
+}

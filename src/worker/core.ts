@@ -1,0 +1,162 @@
+import { Queue } from 'bullmq';
+import { Redis } from 'ioredis';
+import { createRunHost, type AppliedEvent, type RunHost } from '../actors/run-host.js';
+import type { Operator } from '../actors/execute-step.js';
+import { InputValidationError } from '../errors.js';
+import type { JsonValue } from '../internal/json.js';
+import type { RunSnapshot } from '../machines/kernel.js';
+import {
+  RUN_SNAPSHOT_SCHEMA_VERSION,
+  runSnapshotMigrations,
+} from '../machines/snapshot-migrations.js';
+import { parsePlan } from '../plan/parse-plan.js';
+import type { Plan } from '../plan/schema.js';
+import { createSnapshotCodec } from '../persistence/codec.js';
+import { createKeys, type Keys } from '../persistence/keys.js';
+import { createLedger, type Ledger } from '../persistence/ledger.js';
+import { createSnapshotStore, type SnapshotStore } from '../persistence/snapshot-store.js';
+import type { RunEvent } from '../schemas/events.js';
+import { createToolRegistry, type ToolRegistry } from '../tools/registry.js';
+import { dueJobs, JobName, deadlineJobId, type JobData, type JobSpec } from './jobs.js';
+
+/** Options shared by the runtime and its workers. */
+export interface CoreOptions {
+  /** A Redis client or URL. A client stays the caller's to close. */
+  redis: Redis | string;
+  /** Prefix of every Redis key. @defaultValue `'flujo'` */
+  prefix?: string;
+  /** Tenant of runs started without one. @defaultValue `'default'` */
+  tenantId?: string;
+  /** BullMQ queue name. @defaultValue `'runs'` */
+  queueName?: string;
+  /** The clock, epoch ms (tests may pin it). @defaultValue `Date.now` */
+  clock?: () => number;
+}
+
+/** What a run was started with, as stored beside it. */
+export interface RunMeta {
+  plan: Plan;
+  input: JsonValue;
+  tenantId: string;
+  requestKey: string | null;
+  createdAt: number;
+}
+
+const JOB_DEFAULTS = {
+  // Completed ids are kept a while so that a re-add of the same unit is a no-op.
+  removeOnComplete: { count: 20_000 },
+  removeOnFail: { count: 20_000 },
+  // Our processor throws only for infrastructure trouble (step failures are events): retry it.
+  attempts: 25,
+  backoff: { type: 'exponential', delay: 100 },
+};
+
+/** @internal The connections, stores and registries one runtime shares with its workers. */
+export class RuntimeCore {
+  readonly redis: Redis;
+  readonly ownsRedis: boolean;
+  readonly keys: Keys;
+  readonly store: SnapshotStore<RunSnapshot>;
+  readonly host: RunHost;
+  readonly ledger: Ledger;
+  readonly queue: Queue;
+  readonly queueName: string;
+  readonly tenantId: string;
+  readonly clock: () => number;
+  readonly operators = new Map<string, Operator>();
+  readonly tools: ToolRegistry = createToolRegistry();
+  readonly #metaCache = new Map<string, RunMeta>();
+
+  constructor(options: CoreOptions) {
+    this.ownsRedis = typeof options.redis === 'string';
+    this.redis =
+      typeof options.redis === 'string'
+        ? new Redis(options.redis, { maxRetriesPerRequest: 3, lazyConnect: false })
+        : options.redis;
+    if (this.ownsRedis) this.redis.on('error', () => {}); // surfaced by the failing command
+    this.keys = createKeys(options.prefix);
+    this.tenantId = options.tenantId ?? 'default';
+    this.clock = options.clock ?? Date.now;
+    this.queueName = options.queueName ?? 'runs';
+    this.store = createSnapshotStore<RunSnapshot>({
+      redis: this.redis,
+      prefix: this.keys.prefix,
+      codec: createSnapshotCodec<RunSnapshot>({
+        schemaVersion: RUN_SNAPSHOT_SCHEMA_VERSION,
+        migrations: runSnapshotMigrations,
+      }),
+      clock: this.clock,
+    });
+    this.host = createRunHost({ store: this.store });
+    this.ledger = createLedger({ redis: this.redis, prefix: this.keys.prefix, clock: this.clock });
+    this.queue = new Queue(this.queueName, {
+      connection: this.redis.duplicate({ maxRetriesPerRequest: null }),
+      prefix: this.keys.queuePrefix(),
+      defaultJobOptions: JOB_DEFAULTS,
+    });
+    this.queue.on('error', () => {});
+  }
+
+  /** The run's plan, input and tenant (cached: they never change). */
+  async meta(runId: string): Promise<RunMeta> {
+    const cached = this.#metaCache.get(runId);
+    if (cached !== undefined) return cached;
+    const raw = await this.store.loadMeta(runId);
+    if (raw['plan'] === undefined) {
+      throw new InputValidationError('run meta', [
+        { path: 'plan', message: `run "${runId}" has no stored plan` },
+      ]);
+    }
+    const meta: RunMeta = {
+      plan: parsePlan(raw['plan']),
+      input: JSON.parse(raw['input'] ?? 'null') as JsonValue,
+      tenantId: raw['tenantId'] ?? this.tenantId,
+      requestKey: raw['requestKey'] ?? null,
+      createdAt: Number(raw['createdAt'] ?? 0),
+    };
+    if (this.#metaCache.size > 10_000) this.#metaCache.clear();
+    this.#metaCache.set(runId, meta);
+    return meta;
+  }
+
+  /** Adds every job the run's snapshot says is due (ids make repeats harmless). */
+  async enqueueDue(runId: string, snapshot: RunSnapshot): Promise<void> {
+    const jobs = dueJobs(runId, snapshot, this.clock());
+    if (jobs.length > 0) await this.add(jobs);
+    if (snapshot.status !== 'active' || snapshot.value === 'failed') {
+      await this.redis.srem(this.keys.activeRuns(), runId);
+    }
+  }
+
+  /** Adds jobs in one round trip. */
+  async add(jobs: JobSpec[]): Promise<void> {
+    await this.queue.addBulk(jobs.map((j) => ({ name: j.name, data: j.data, opts: j.opts })));
+  }
+
+  /** Feeds an event to a run and enqueues what became due. */
+  async apply(runId: string, event: RunEvent): Promise<AppliedEvent> {
+    const applied = await this.host.apply(runId, event);
+    await this.enqueueDue(runId, applied.envelope.snapshot);
+    return applied;
+  }
+
+  /** Schedules the run's wall-clock deadline, if its plan has one. */
+  async scheduleDeadline(runId: string, plan: Plan, createdAt: number): Promise<void> {
+    const max = plan.budgets?.maxWallClockMs;
+    if (max === undefined) return;
+    const data: JobData = { runId };
+    await this.add([
+      {
+        name: JobName.deadline,
+        data,
+        opts: { jobId: deadlineJobId(runId), delay: Math.max(0, createdAt + max - this.clock()) },
+      },
+    ]);
+  }
+
+  async close(): Promise<void> {
+    await this.queue.close();
+    await this.store.close();
+    if (this.ownsRedis) this.redis.disconnect();
+  }
+}

@@ -1,0 +1,77 @@
+import { runSteps, type RunSnapshot } from '../machines/kernel.js';
+
+/** The kinds of BullMQ job that drive runs: one unit of work each. */
+export const JobName = {
+  /** Execute attempt `attempt` of step `stepId`. */
+  step: 'step',
+  /** The backoff of a failed attempt elapsed: feed `retry.due`. */
+  retry: 'retry',
+  /** The run's wall-clock budget ran out: stop it if it is still going. */
+  deadline: 'deadline',
+} as const;
+/** A value of {@link JobName}. */
+export type JobName = (typeof JobName)[keyof typeof JobName];
+
+/** The data of every job: which run, and for step and retry jobs which step attempt. */
+export interface JobData {
+  runId: string;
+  stepId?: string;
+  attempt?: number;
+}
+
+/** A job to add, with its deterministic id. */
+export interface JobSpec {
+  name: JobName;
+  data: JobData;
+  opts: { jobId: string; delay?: number };
+}
+
+// Step ids never contain '|' (see STEP_ID_PATTERN) and run ids are URI-encoded, so ids cannot
+// collide; BullMQ job ids must not contain ':'.
+const enc = (runId: string) => encodeURIComponent(runId);
+
+/** The id of the job that runs attempt `attempt` of `stepId`: the same for every enqueuer. */
+export function stepJobId(runId: string, stepId: string, attempt: number): string {
+  return `s|${enc(runId)}|${stepId}|${attempt}`;
+}
+
+/** The id of the delayed job that makes attempt `attempt` of `stepId` due. */
+export function retryJobId(runId: string, stepId: string, attempt: number): string {
+  return `r|${enc(runId)}|${stepId}|${attempt}`;
+}
+
+/** The id of the run's wall-clock deadline job. */
+export function deadlineJobId(runId: string): string {
+  return `d|${enc(runId)}`;
+}
+
+/**
+ * Every unit of work the run's snapshot says is due: each RUNNING step attempt, each scheduled
+ * retry. Derived from the snapshot rather than from one transition's planned actions, so that
+ * enqueueing it again (a redelivered job, a restarted worker) re-creates exactly what is missing
+ * and nothing else: the ids are deterministic and BullMQ ignores an id it already holds.
+ */
+export function dueJobs(runId: string, snapshot: RunSnapshot, now: number): JobSpec[] {
+  if (snapshot.status !== 'active') return [];
+  const jobs: JobSpec[] = [];
+  for (const step of runSteps(snapshot)) {
+    if (step.status === 'RUNNING') {
+      jobs.push({
+        name: JobName.step,
+        data: { runId, stepId: step.stepId, attempt: step.attempt },
+        opts: { jobId: stepJobId(runId, step.stepId, step.attempt) },
+      });
+    } else if (step.status === 'FAILED_RETRYABLE' && step.retryAt !== null) {
+      const attempt = step.attempt + 1;
+      jobs.push({
+        name: JobName.retry,
+        data: { runId, stepId: step.stepId, attempt },
+        opts: {
+          jobId: retryJobId(runId, step.stepId, attempt),
+          delay: Math.max(0, step.retryAt - now),
+        },
+      });
+    }
+  }
+  return jobs;
+}

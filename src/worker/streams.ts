@@ -1,0 +1,158 @@
+import type { Redis } from 'ioredis';
+import type { JsonValue } from '../internal/json.js';
+import type { StepStatus } from '../machines/types.js';
+import type { StoredRunEvent } from '../persistence/snapshot-store.js';
+import type { SerializedError } from '../errors.js';
+import type { StepOutcome } from '../schemas/outcomes.js';
+import type { RuntimeCore } from './core.js';
+
+/** Options of a stream read. */
+export interface StreamOptions {
+  /** Start after this stream id. @defaultValue the beginning */
+  after?: string;
+  /** Keep reading new events until the run ends (a `run.finished` event) or `signal` aborts. */
+  follow?: boolean;
+  signal?: AbortSignal;
+}
+
+/** A run's events in commit order; with `follow`, blocks for new ones (XREAD on its own connection). */
+export async function* eventsOf(
+  core: RuntimeCore,
+  runId: string,
+  options: StreamOptions = {},
+): AsyncGenerator<StoredRunEvent> {
+  let after = options.after;
+  // Read what is there (this also checks that the run exists).
+  await core.store.load(runId);
+  for (;;) {
+    const batch = await core.store.readEvents(runId, after === undefined ? {} : { after });
+    for (const e of batch) {
+      yield e;
+      after = e.id;
+      if (e.type === 'run.finished' && options.follow === true) return;
+    }
+    if (options.follow !== true) return;
+    if (options.signal?.aborted === true) return;
+    await waitForMore(core, runId, after ?? '0-0', options.signal);
+  }
+}
+
+let blocking: Redis | undefined;
+
+async function waitForMore(
+  core: RuntimeCore,
+  runId: string,
+  after: string,
+  signal: AbortSignal | undefined,
+): Promise<void> {
+  // One blocking connection per process: XREAD BLOCK must not hold up the shared client.
+  blocking ??= core.redis.duplicate({ maxRetriesPerRequest: null });
+  const conn = blocking;
+  const onAbort = () => conn.disconnect(true);
+  signal?.addEventListener('abort', onAbort, { once: true });
+  try {
+    await conn.xread('COUNT', 1, 'BLOCK', 1000, 'STREAMS', core.keys.events(runId), after);
+  } catch {
+    // Disconnected on abort (it reconnects for the next reader); the caller checks the signal.
+  } finally {
+    signal?.removeEventListener('abort', onAbort);
+  }
+}
+
+/** Closes the shared blocking connection, if any. */
+export function closeStreams(): void {
+  blocking?.disconnect();
+  blocking = undefined;
+}
+
+interface Changed {
+  stepId: string;
+  from: StepStatus;
+  to: StepStatus;
+  attempt: number;
+  at: number;
+}
+
+/**
+ * A run's typed outcomes, derived from its events: `Success` for each attempt that finished,
+ * `Failure` for each that failed (final or not), `Paused` when a step waits for approval,
+ * `Aborted` when the run is cancelled or stopped.
+ */
+export async function* outcomesOf(
+  core: RuntimeCore,
+  runId: string,
+  options: StreamOptions = {},
+): AsyncGenerator<StepOutcome> {
+  let lastError: SerializedError | null = null;
+  for await (const e of eventsOf(core, runId, options)) {
+    const d = e.data as Record<string, unknown>;
+    const at = Number(d['at'] ?? 0);
+    switch (e.type) {
+      case 'step.succeeded':
+        yield {
+          type: 'success',
+          runId,
+          stepId: String(d['stepId']),
+          attempt: Number(d['attempt']),
+          output: d['output'] as JsonValue,
+          at,
+        };
+        break;
+      case 'step.failed':
+        lastError = d['error'] as SerializedError;
+        break;
+      case 'step.changed': {
+        const c = d as unknown as Changed;
+        if ((c.to === 'FAILED_RETRYABLE' || c.to === 'FAILED_FINAL') && c.from === 'RUNNING') {
+          const error = lastError ?? {
+            name: 'StepFailed',
+            code: 'step_failed',
+            message: 'failed',
+            retryable: false,
+          };
+          yield {
+            type: 'failure',
+            runId,
+            stepId: c.stepId,
+            attempt: c.attempt,
+            error,
+            feedback: `${error.name}: ${error.message}`,
+            final: c.to === 'FAILED_FINAL',
+            at,
+          };
+        } else if (c.to === 'FAILED_FINAL' && c.from === 'WAITING_APPROVAL') {
+          yield {
+            type: 'aborted',
+            runId,
+            stepId: c.stepId,
+            reason: 'approval_rejected',
+            at,
+          };
+        } else if (c.to === 'WAITING_APPROVAL') {
+          yield {
+            type: 'paused',
+            runId,
+            stepId: c.stepId,
+            message: `step "${c.stepId}" waits for approval`,
+            at,
+          };
+        }
+        break;
+      }
+      case 'run.cancelled':
+      case 'run.stopped':
+        yield {
+          type: 'aborted',
+          runId,
+          reason: e.type === 'run.cancelled' ? 'run_cancelled' : String(d['reason']),
+          ...(typeof d['reason'] === 'string' && e.type === 'run.cancelled'
+            ? { message: d['reason'] }
+            : {}),
+          at,
+        };
+        break;
+      default:
+        break;
+    }
+  }
+}
