@@ -14,6 +14,8 @@ function run(cmd, args) {
 if (!process.argv.includes('--no-static')) {
   for (const [cmd, args] of [
     ['tsc', ['--noEmit']],
+    // The CLI and job modules run the compiled package (bin/flujo.js → dist): build it first.
+    ['tsc', ['-p', 'tsconfig.build.json']],
     ['eslint', ['.']],
     ['prettier', ['--check', '.']],
   ]) {
