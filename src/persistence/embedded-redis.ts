@@ -1,11 +1,23 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { accessSync, constants, mkdirSync } from 'node:fs';
+import {
+  accessSync,
+  closeSync,
+  constants,
+  mkdirSync,
+  openSync,
+  readFileSync,
+  realpathSync,
+  renameSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
 import { createServer } from 'node:net';
 import { delimiter, join, resolve } from 'node:path';
 import { Redis } from 'ioredis';
 import { RedisUnavailableError } from '../errors.js';
 
-/** Options of {@link startEmbeddedRedis}. */
+/** Options of {@link startEmbeddedRedis} and {@link ensureEmbeddedRedis}. */
 export interface EmbeddedRedisOptions {
   /** Where Redis keeps its append-only file. @defaultValue `.flujo/redis` of the working directory */
   dataDir?: string;
@@ -26,6 +38,25 @@ export interface EmbeddedRedis {
   /** Stops the server (SHUTDOWN, so the AOF is flushed). */
   stop(): Promise<void>;
 }
+
+/** A detached redis-server serving a data directory; it outlives the process that started it. */
+export interface DetachedRedis {
+  url: string;
+  port: number;
+  pid: number;
+  dataDir: string;
+  /** True when this call started it; false when a running one was reused. */
+  started: boolean;
+}
+
+/** What `<dataDir>/server.json` records about the detached server of a data directory. */
+export interface ServerInfo {
+  pid: number;
+  port: number;
+}
+
+/** The file that records the detached server of `dataDir`. */
+export const SERVER_FILE = 'server.json';
 
 function findBinary(explicit: string | undefined): string {
   const named = explicit ?? process.env['FLUJO_REDIS_SERVER'];
@@ -60,17 +91,26 @@ function freePort(): Promise<number> {
   });
 }
 
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+function oneShotClient(url: string, connectTimeout: number): Redis {
+  const client = new Redis(url, {
+    lazyConnect: true,
+    connectTimeout,
+    maxRetriesPerRequest: 0,
+    enableOfflineQueue: false,
+    retryStrategy: () => null,
+  });
+  client.on('error', () => {}); // refused while the server starts: expected, surfaced by callers
+  return client;
+}
+
 async function waitForPing(url: string, child: ChildProcess, timeoutMs: number): Promise<void> {
   const deadline = performance.now() + timeoutMs;
   let lastError: unknown;
   while (performance.now() < deadline) {
     if (child.exitCode !== null) break;
-    const client = new Redis(url, {
-      lazyConnect: true,
-      maxRetriesPerRequest: 0,
-      retryStrategy: () => null,
-    });
-    client.on('error', () => {}); // refused while the server starts: expected, retried below
+    const client = oneShotClient(url, 1000);
     try {
       await client.connect();
       if ((await client.ping()) === 'PONG') return;
@@ -79,7 +119,7 @@ async function waitForPing(url: string, child: ChildProcess, timeoutMs: number):
     } finally {
       client.disconnect();
     }
-    await new Promise((r) => setTimeout(r, 25));
+    await sleep(25);
   }
   throw new RedisUnavailableError(
     `The embedded redis-server did not answer at ${url} (exit code ${String(child.exitCode)}).`,
@@ -87,19 +127,8 @@ async function waitForPing(url: string, child: ChildProcess, timeoutMs: number):
   );
 }
 
-/**
- * Starts a private `redis-server` on a free loopback port with AOF on, its data in `dataDir`, so
- * that a run killed with its process resumes from disk with no set-up. The server is a child of
- * this process: stop it with `stop()`.
- */
-export async function startEmbeddedRedis(
-  options: EmbeddedRedisOptions = {},
-): Promise<EmbeddedRedis> {
-  const dataDir = resolve(options.dataDir ?? join('.flujo', 'redis'));
-  mkdirSync(dataDir, { recursive: true });
-  const binary = findBinary(options.binary);
-  const port = await freePort();
-  const args = [
+function serverArgs(port: number, dataDir: string, options: EmbeddedRedisOptions): string[] {
+  return [
     '--port',
     String(port),
     '--bind',
@@ -117,7 +146,17 @@ export async function startEmbeddedRedis(
     '--logfile',
     join(dataDir, 'redis.log'),
   ];
-  const child = spawn(binary, args, { stdio: 'ignore' });
+}
+
+/** Spawns redis-server on a free port and waits for its PING. */
+async function spawnServer(
+  dataDir: string,
+  options: EmbeddedRedisOptions,
+  detached: boolean,
+): Promise<{ child: ChildProcess; port: number; url: string }> {
+  const binary = findBinary(options.binary);
+  const port = await freePort();
+  const child = spawn(binary, serverArgs(port, dataDir, options), { stdio: 'ignore', detached });
   await new Promise<void>((ok, fail) => {
     child.once('spawn', () => ok());
     child.once('error', (err) =>
@@ -129,6 +168,7 @@ export async function startEmbeddedRedis(
       ),
     );
   });
+  if (detached) child.unref();
   const url = `redis://127.0.0.1:${port}`;
   try {
     await waitForPing(url, child, options.startTimeoutMs ?? 10_000);
@@ -136,6 +176,32 @@ export async function startEmbeddedRedis(
     child.kill('SIGKILL');
     throw err;
   }
+  return { child, port, url };
+}
+
+/**
+ * Starts a private `redis-server` on a free loopback port with AOF on, its data in `dataDir`, so
+ * that a run killed with its process resumes from disk with no set-up. The server is a child of
+ * this process: stop it with `stop()`. When a detached server (see {@link ensureEmbeddedRedis})
+ * already serves `dataDir`, that one is used instead and `stop()` leaves it running: two servers
+ * must never share one append-only file.
+ */
+export async function startEmbeddedRedis(
+  options: EmbeddedRedisOptions = {},
+): Promise<EmbeddedRedis> {
+  const dataDir = resolve(options.dataDir ?? join('.flujo', 'redis'));
+  mkdirSync(dataDir, { recursive: true });
+  const running = await findDetachedRedis(dataDir);
+  if (running !== null) {
+    return {
+      url: running.url,
+      port: running.port,
+      dataDir,
+      pid: running.pid,
+      stop: async () => {},
+    };
+  }
+  const { child, port, url } = await spawnServer(dataDir, options, false);
   return {
     url,
     port,
@@ -144,18 +210,169 @@ export async function startEmbeddedRedis(
     async stop() {
       if (child.exitCode !== null) return;
       const exited = new Promise<void>((r) => child.once('exit', () => r()));
-      const client = new Redis(url, { maxRetriesPerRequest: 0, retryStrategy: () => null });
-      client.on('error', () => {});
-      try {
-        await client.call('SHUTDOWN');
-      } catch {
-        // SHUTDOWN closes the connection before answering.
-      } finally {
-        client.disconnect();
-      }
+      await shutdown(url);
       const timer = setTimeout(() => child.kill('SIGKILL'), 5000);
       await exited;
       clearTimeout(timer);
     },
   };
+}
+
+async function shutdown(url: string): Promise<void> {
+  const client = oneShotClient(url, 2000);
+  try {
+    await client.connect();
+    await client.call('SHUTDOWN');
+  } catch {
+    // SHUTDOWN closes the connection before answering.
+  } finally {
+    client.disconnect();
+  }
+}
+
+/** Reads `<dataDir>/server.json`, or null when there is none (or it is unreadable). */
+export function readServerInfo(dataDir: string): ServerInfo | null {
+  try {
+    const info = JSON.parse(readFileSync(join(resolve(dataDir), SERVER_FILE), 'utf8')) as unknown;
+    if (typeof info !== 'object' || info === null) return null;
+    const { pid, port } = info as Record<string, unknown>;
+    if (typeof pid !== 'number' || typeof port !== 'number') return null;
+    return { pid, port };
+  } catch {
+    return null;
+  }
+}
+
+function samePath(a: string, b: string): boolean {
+  try {
+    return realpathSync(a) === realpathSync(b);
+  } catch {
+    return resolve(a) === resolve(b);
+  }
+}
+
+/**
+ * The detached server recorded in `<dataDir>/server.json`, if it answers PING and serves that very
+ * directory (a port reused by another server does not count); otherwise null.
+ */
+export async function findDetachedRedis(
+  dataDir: string,
+): Promise<Omit<DetachedRedis, 'started'> | null> {
+  const dir = resolve(dataDir);
+  const info = readServerInfo(dir);
+  if (info === null) return null;
+  const url = `redis://127.0.0.1:${info.port}`;
+  const client = oneShotClient(url, 1000);
+  try {
+    await client.connect();
+    if ((await client.ping()) !== 'PONG') return null;
+    const reply = (await client.call('CONFIG', 'GET', 'dir')) as string[];
+    if (reply[1] === undefined || !samePath(reply[1], dir)) return null;
+    return { url, port: info.port, pid: info.pid, dataDir: dir };
+  } catch {
+    return null;
+  } finally {
+    client.disconnect();
+  }
+}
+
+function tryLock(path: string, staleMs: number): boolean {
+  try {
+    closeSync(openSync(path, 'wx'));
+    return true;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+    try {
+      if (Date.now() - statSync(path).mtimeMs > staleMs) rmSync(path, { force: true });
+    } catch {
+      // removed meanwhile
+    }
+    return false;
+  }
+}
+
+/**
+ * The redis-server of `dataDir` (AOF on), started DETACHED when none answers, so that it outlives
+ * this process: the next process reuses it (`<dataDir>/server.json` records `{ pid, port }`), and a
+ * process killed with SIGKILL loses nothing that Redis acknowledged. When the recorded server is
+ * gone, a new one starts on the same directory and replays its append-only file. Concurrent
+ * callers start at most one server (a lock file in `dataDir`). Stop it with
+ * {@link stopEmbeddedRedis}.
+ */
+export async function ensureEmbeddedRedis(
+  options: EmbeddedRedisOptions = {},
+): Promise<DetachedRedis> {
+  const dataDir = resolve(options.dataDir ?? join('.flujo', 'redis'));
+  mkdirSync(dataDir, { recursive: true });
+  const timeoutMs = options.startTimeoutMs ?? 10_000;
+  const lockPath = join(dataDir, 'start.lock');
+  const deadline = performance.now() + timeoutMs + 5000;
+  for (;;) {
+    const running = await findDetachedRedis(dataDir);
+    if (running !== null) return { ...running, started: false };
+    if (tryLock(lockPath, timeoutMs + 5000)) break;
+    if (performance.now() > deadline) {
+      throw new RedisUnavailableError(
+        `Another process is starting the embedded redis-server of ${dataDir} and it did not come up; remove ${lockPath} if no flujo command is running, then try again.`,
+        { retryable: false },
+      );
+    }
+    await sleep(50);
+  }
+  try {
+    const again = await findDetachedRedis(dataDir);
+    if (again !== null) return { ...again, started: false };
+    const { child, port, url } = await spawnServer(dataDir, options, true);
+    const pid = child.pid ?? -1;
+    const tmp = join(dataDir, `${SERVER_FILE}.${process.pid}.tmp`);
+    writeFileSync(tmp, `${JSON.stringify({ pid, port } satisfies ServerInfo)}\n`);
+    renameSync(tmp, join(dataDir, SERVER_FILE));
+    return { url, port, pid, dataDir, started: true };
+  } finally {
+    rmSync(lockPath, { force: true });
+  }
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+  try {
+    // An exited process that nobody reaped yet (a zombie) is not running.
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3) !== 'Z';
+  } catch {
+    return true; // no procfs: trust kill(pid, 0)
+  }
+}
+
+/**
+ * Stops the detached server of `dataDir` (SHUTDOWN, so the AOF is flushed; SIGKILL if it has not
+ * exited after `timeoutMs`) and removes `server.json`. Returns what was stopped, or null when no
+ * server of that directory was running.
+ */
+export async function stopEmbeddedRedis(
+  dataDir: string = join('.flujo', 'redis'),
+  timeoutMs = 5000,
+): Promise<ServerInfo | null> {
+  const dir = resolve(dataDir);
+  const running = await findDetachedRedis(dir);
+  if (running === null) {
+    rmSync(join(dir, SERVER_FILE), { force: true });
+    return null;
+  }
+  await shutdown(running.url);
+  const deadline = performance.now() + timeoutMs;
+  while (running.pid > 0 && alive(running.pid) && performance.now() < deadline) await sleep(25);
+  if (running.pid > 0 && alive(running.pid)) {
+    try {
+      process.kill(running.pid, 'SIGKILL');
+    } catch {
+      // exited meanwhile
+    }
+  }
+  rmSync(join(dir, SERVER_FILE), { force: true });
+  return { pid: running.pid, port: running.port };
 }

@@ -11,12 +11,12 @@ function file(name: string, text: string): string {
   return path;
 }
 
-function capture(argv: string[]): { code: number; out: string; err: string } {
+async function capture(argv: string[]): Promise<{ code: number; out: string; err: string }> {
   const out: string[] = [];
   const err: string[] = [];
   vi.spyOn(console, 'log').mockImplementation((...a: unknown[]) => void out.push(a.join(' ')));
   vi.spyOn(console, 'error').mockImplementation((...a: unknown[]) => void err.push(a.join(' ')));
-  const code = main(argv);
+  const code = await main(argv);
   return { code, out: out.join('\n'), err: err.join('\n') };
 }
 
@@ -25,8 +25,8 @@ afterEach(() => {
 });
 
 describe('flujo validate', () => {
-  it('prints a valid plan in dependency order and exits 0', () => {
-    const r = capture(['validate', 'examples/kernel-tour/plan.json']);
+  it('prints a valid plan in dependency order and exits 0', async () => {
+    const r = await capture(['validate', 'examples/kernel-tour/plan.json']);
     expect(r.code).toBe(0);
     expect(r.out).toBe(
       [
@@ -40,7 +40,7 @@ describe('flujo validate', () => {
     );
   });
 
-  it('refuses an invalid plan with every problem and its path, exit 2', () => {
+  it('refuses an invalid plan with every problem and its path, exit 2', async () => {
     const bad = file(
       'bad.json',
       JSON.stringify({
@@ -51,7 +51,7 @@ describe('flujo validate', () => {
         ],
       }),
     );
-    const r = capture(['validate', bad]);
+    const r = await capture(['validate', bad]);
     expect(r.code).toBe(2);
     expect(r.out).toBe('');
     expect(r.err).toContain('Invalid plan (2 problems)');
@@ -59,11 +59,11 @@ describe('flujo validate', () => {
     expect(r.err).toContain('steps[1].id: duplicate step id "a"');
   });
 
-  it('--json prints the plan or the error as one JSON object', () => {
-    const ok = capture(['validate', 'examples/kernel-tour/plan.json', '--json']);
+  it('--json prints the plan or the error as one JSON object', async () => {
+    const ok = await capture(['validate', 'examples/kernel-tour/plan.json', '--json']);
     expect(ok.code).toBe(0);
     expect((JSON.parse(ok.out) as { plan: { name: string } }).plan.name).toBe('kernel-tour');
-    const bad = capture(['validate', file('j.json', '{"name":"x"'), '--json']);
+    const bad = await capture(['validate', file('j.json', '{"name":"x"'), '--json']);
     expect(bad.code).toBe(2);
     const parsed = JSON.parse(bad.out) as {
       ok: boolean;
@@ -72,26 +72,26 @@ describe('flujo validate', () => {
     expect(parsed).toMatchObject({ ok: false, error: { code: 'plan_invalid', retryable: false } });
   });
 
-  it('names the fix for a missing or unreadable file, exit 2', () => {
-    expect(capture(['validate']).err).toBe(
+  it('names the fix for a missing or unreadable file, exit 2', async () => {
+    expect((await capture(['validate'])).err).toBe(
       'flujo validate: name the plan file, e.g. `flujo validate plan.json`.',
     );
-    const missing = capture(['validate', join(dir, 'nope.json')]);
+    const missing = await capture(['validate', join(dir, 'nope.json')]);
     expect(missing.code).toBe(2);
     expect(missing.err).toMatch(/cannot read ".*nope\.json": ENOENT/);
   });
 
-  it('refuses unknown commands and options, exit 2', () => {
-    const r = capture(['frobnicate']);
+  it('refuses unknown commands and options, exit 2', async () => {
+    const r = await capture(['frobnicate']);
     expect(r.code).toBe(2);
     expect(r.err).toBe('flujo: unknown command "frobnicate". See `flujo --help`.');
-    const o = capture(['validate', '--frob']);
+    const o = await capture(['validate', '--frob']);
     expect(o.code).toBe(2);
     expect(o.err).toContain("Unknown option '--frob'");
   });
 
-  it('prints help and the version', () => {
-    expect(capture(['--help']).out).toContain('flujo validate <plan.json>');
-    expect(capture(['--version']).out).toMatch(/^\d+\.\d+\.\d+$/);
+  it('prints help and the version', async () => {
+    expect((await capture(['--help'])).out).toContain('flujo validate <plan.json>');
+    expect((await capture(['--version'])).out).toMatch(/^\d+\.\d+\.\d+$/);
   });
 });

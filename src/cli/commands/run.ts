@@ -1,0 +1,193 @@
+/** `flujo run`, `flujo resume` and `flujo worker`: the commands that execute a job module's runs. */
+import type { Runtime, RunReport } from '../../runtime.js';
+import { checkRunId, connect, type Connection } from '../connect.js';
+import {
+  parseConcurrency,
+  parseJsonOption,
+  repeatFlags,
+  whoDecides,
+  type Ctx,
+} from '../context.js';
+import { ExitCode, badInput } from '../exit-codes.js';
+import { loadJobModule, runSetup, type JobModule } from '../job-module.js';
+import { resumeCommand } from '../render.js';
+import { drive, finish, lastEventId } from './drive.js';
+
+async function withJob(
+  ctx: Ctx,
+  job: JobModule,
+  long: boolean,
+  body: (conn: Connection, runtime: Runtime) => Promise<number>,
+  existingRun?: string,
+): Promise<number> {
+  const conn = await connect({
+    ...ctx.values,
+    cwd: ctx.cwd,
+    env: ctx.env,
+    long,
+    ...(existingRun === undefined ? {} : { existingRun }),
+  });
+  try {
+    return await body(conn, conn.runtime(job));
+  } finally {
+    await conn.close();
+  }
+}
+
+/** Refuses to drive a run with the operators of another plan's job module. */
+function checkSamePlan(report: RunReport, job: JobModule): void {
+  if (report.planName !== job.plan.name) {
+    badInput(
+      `run "${report.runId}" is a run of plan "${report.planName}", but job module "${job.path}" has plan "${job.plan.name}"; pass the job module that started the run`,
+    );
+  }
+}
+
+/** `flujo run <job-module> [--input JSON] [--run-id ID] [--request-key K] [--concurrency N] [--json]` */
+export async function cmdRun(ctx: Ctx): Promise<number> {
+  const v = ctx.values;
+  if (ctx.args.length > 1) badInput(`unexpected argument "${ctx.args[1]}"; see \`flujo --help\``);
+  // Everything is checked before connecting: a bad input writes nothing.
+  const input =
+    v.input === undefined ? undefined : parseJsonOption(v.input, '--input', '{"url":"…"}');
+  const concurrency = parseConcurrency(v.concurrency);
+  const runId =
+    v['run-id'] === undefined ? undefined : checkRunId(v['run-id'], 'flujo run <job> --run-id ID');
+  const requestKey = v['request-key'];
+  if (requestKey !== undefined && (requestKey === '' || requestKey.length > 512)) {
+    badInput('--request-key must be 1 to 512 characters; pass e.g. --request-key order-1234');
+  }
+  const job = await loadJobModule(ctx.args[0], ctx.cwd);
+  const json = v.json === true;
+
+  return withJob(ctx, job, false, async (conn, runtime) => {
+    if (runId !== undefined && (await conn.redis.exists(conn.keys.snap(runId))) !== 0) {
+      badInput(
+        `run "${runId}" already exists; continue it with \`${resumeCommand(runId, job.path, repeatFlags(v))}\`, or pass another --run-id`,
+      );
+    }
+    const handle = await runtime.start(job.plan, input ?? job.input ?? null, {
+      ...(runId === undefined ? {} : { runId }),
+      ...(requestKey === undefined ? {} : { requestKey }),
+    });
+    const resume = resumeCommand(handle.runId, job.path, repeatFlags(v));
+    // First: the run id and how to resume it, so a killed command loses nothing.
+    if (json) {
+      console.log(
+        JSON.stringify({ type: 'run', runId: handle.runId, created: handle.created, resume }),
+      );
+    } else {
+      const how = handle.created
+        ? `plan "${job.plan.name}"`
+        : `existing run of request key "${requestKey}"`;
+      console.log(`run ${handle.runId} (${how})`);
+      console.log(`resume: ${resume}`);
+    }
+    if (!handle.created) checkSamePlan(await handle.status(), job);
+    const teardown = await runSetup(job, ctx.cwd);
+    try {
+      if (handle.created)
+        return await drive(runtime, handle.runId, { after: undefined, json, concurrency, resume });
+      return await proceed(conn, runtime, handle.runId, {
+        json,
+        concurrency,
+        resume,
+        resumeFailed: false,
+        by: '',
+      });
+    } finally {
+      await teardown();
+    }
+  });
+}
+
+/** `flujo resume <runId> <job-module> [--concurrency N] [--json]` */
+export async function cmdResume(ctx: Ctx): Promise<number> {
+  const v = ctx.values;
+  const runId = checkRunId(ctx.args[0], 'flujo resume <runId> <job-module>');
+  if (ctx.args[1] === undefined) {
+    badInput(
+      `name the job module that started the run: \`flujo resume ${runId} <job-module>\` (operators are code)`,
+    );
+  }
+  if (ctx.args.length > 2) badInput(`unexpected argument "${ctx.args[2]}"; see \`flujo --help\``);
+  const concurrency = parseConcurrency(v.concurrency);
+  const by = whoDecides(v, ctx.env);
+  const job = await loadJobModule(ctx.args[1], ctx.cwd);
+  const json = v.json === true;
+  return withJob(
+    ctx,
+    job,
+    false,
+    async (conn, runtime) => {
+      await conn.requireRun(runId);
+      checkSamePlan(await runtime.status(runId), job);
+      const resume = resumeCommand(runId, job.path, repeatFlags(v));
+      const teardown = await runSetup(job, ctx.cwd);
+      try {
+        return await proceed(conn, runtime, runId, {
+          json,
+          concurrency,
+          resume,
+          resumeFailed: true,
+          by,
+        });
+      } finally {
+        await teardown();
+      }
+    },
+    runId,
+  );
+}
+
+/**
+ * Continues an existing run: a running one is driven on, a failed one is resumed first (when
+ * asked), and one that ended or waits is only reported.
+ */
+async function proceed(
+  conn: Connection,
+  runtime: Runtime,
+  runId: string,
+  o: { json: boolean; concurrency: number; resume: string; resumeFailed: boolean; by: string },
+): Promise<number> {
+  const after = await lastEventId(conn, runId);
+  const report = await runtime.status(runId);
+  if (report.status === 'failed' && o.resumeFailed) {
+    await runtime.resume(runId, { by: o.by });
+  } else if (report.status !== 'running') {
+    return finish(report, o.json, o.resume);
+  }
+  return drive(runtime, runId, {
+    after,
+    json: o.json,
+    concurrency: o.concurrency,
+    resume: o.resume,
+  });
+}
+
+/** `flujo worker <job-module> [--concurrency N]`: runs until SIGINT or SIGTERM. */
+export async function cmdWorker(ctx: Ctx): Promise<number> {
+  if (ctx.args.length > 1) badInput(`unexpected argument "${ctx.args[1]}"; see \`flujo --help\``);
+  const concurrency = parseConcurrency(ctx.values.concurrency);
+  const job = await loadJobModule(ctx.args[0], ctx.cwd);
+  return withJob(ctx, job, true, async (conn, runtime) => {
+    const teardown = await runSetup(job, ctx.cwd);
+    try {
+      const worker = runtime.createWorker({ concurrency });
+      const stopped = new Promise<void>((resolve) => {
+        process.once('SIGINT', () => resolve());
+        process.once('SIGTERM', () => resolve());
+      });
+      await worker.ready();
+      console.log(
+        `flujo worker: processing runs on ${conn.target} (prefix ${conn.prefix}, concurrency ${concurrency}) with the operators of ${job.path}; Ctrl-C stops it`,
+      );
+      await stopped;
+      console.log('flujo worker: stopping (running units finish first)');
+      await worker.close();
+      return ExitCode.ok;
+    } finally {
+      await teardown();
+    }
+  });
+}

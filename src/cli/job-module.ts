@@ -1,0 +1,180 @@
+/**
+ * Job modules: an ES module (.js, .mjs or .ts) that exports `plan` (an object, JSON text, or a
+ * function returning one, possibly async), `operators`, `tools`, a default `input` and an optional
+ * `setup` hook. Everything is checked here, before the CLI connects to Redis or writes anything.
+ */
+import { mkdirSync, statSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import type { Operator } from '../actors/execute-step.js';
+import { PlanValidationError } from '../errors.js';
+import { findNonJson, type JsonValue } from '../internal/json.js';
+import { parsePlan } from '../plan/parse-plan.js';
+import type { Plan } from '../plan/schema.js';
+import type { ToolDefinition } from '../tools/define-tool.js';
+import { createToolRegistry } from '../tools/registry.js';
+import { badInput } from './exit-codes.js';
+
+/** What `setup` receives. */
+export interface SetupContext {
+  /** A directory the job may keep files in: `.flujo/data` of the working directory. */
+  dataDir: string;
+}
+
+/** A cleanup returned by `setup`, called when the command exits. */
+export type Teardown = () => Promise<void> | void;
+
+/** A loaded, checked job module. */
+export interface JobModule {
+  /** The path as given on the command line. */
+  path: string;
+  /** Its absolute path. */
+  file: string;
+  plan: Plan;
+  operators: Record<string, Operator>;
+  tools: ToolDefinition[];
+  /** The module's default run input, if it exports one. */
+  input: JsonValue | undefined;
+  setup: ((ctx: SetupContext) => Promise<void | Teardown> | void | Teardown) | undefined;
+}
+
+const isRecord = (v: unknown): v is Record<string, unknown> =>
+  typeof v === 'object' && v !== null && !Array.isArray(v);
+
+const firstLine = (error: unknown): string =>
+  (error instanceof Error ? error.message : String(error)).split('\n')[0] ?? '';
+
+/** Loads and checks the job module at `path` (resolved against `cwd`). Throws a bad-input CliError. */
+export async function loadJobModule(path: string | undefined, cwd: string): Promise<JobModule> {
+  if (path === undefined || path === '') {
+    badInput('name the job module, e.g. `flujo run jobs/newsletter.ts`; see `flujo --help`');
+  }
+  const file = resolve(cwd, path);
+  const name = JSON.stringify(path);
+  let isFile: boolean;
+  try {
+    isFile = statSync(file).isFile();
+  } catch {
+    badInput(
+      `cannot load job module ${name}: file not found; pass the path to a module that exports plan`,
+    );
+  }
+  if (!isFile) {
+    badInput(
+      `cannot load job module ${name}: it is not a file; pass the path to a module (.js, .mjs or .ts) that exports plan`,
+    );
+  }
+  let loaded: Record<string, unknown>;
+  try {
+    loaded = (await import(pathToFileURL(file).href)) as Record<string, unknown>;
+  } catch (error) {
+    badInput(
+      `cannot load job module ${name}: ${firstLine(error)}; fix the module (an ES module that exports plan, importing the package as 'flujo')`,
+    );
+  }
+  // `export default { plan, operators }` works too.
+  const mod =
+    loaded['plan'] === undefined && isRecord(loaded['default']) ? loaded['default'] : loaded;
+
+  let source: unknown = mod['plan'];
+  if (source === undefined) {
+    badInput(
+      `job module ${name} exports no plan; add \`export const plan = { name: '…', steps: [...] }\` (or a function returning one)`,
+    );
+  }
+  if (typeof source === 'function') {
+    try {
+      source = await (source as () => unknown)();
+    } catch (error) {
+      badInput(`job module ${name}: its plan() threw: ${firstLine(error)}; fix the plan builder`);
+    }
+  }
+  let plan: Plan;
+  try {
+    plan = parsePlan(source);
+  } catch (error) {
+    if (error instanceof PlanValidationError) badInput(`job module ${name}: ${error.message}`);
+    throw error;
+  }
+
+  const operators = checkOperators(name, mod['operators']);
+  const tools = checkTools(name, mod['tools']);
+  for (const step of plan.steps) {
+    const needed =
+      step.kind === 'operator' ? step.operator : step.kind === 'policy_check' ? step.policy : null;
+    if (needed !== null && operators[needed] === undefined) {
+      const known = Object.keys(operators).join(', ') || 'none';
+      badInput(
+        `job module ${name}: step "${step.id}" uses operator "${needed}", which the module's operators do not define (it defines: ${known}); add it to \`export const operators\``,
+      );
+    }
+  }
+
+  const input = mod['input'];
+  if (input !== undefined) {
+    const problems = findNonJson(input, 'input');
+    if (problems.length > 0) {
+      const p = problems[0]!;
+      badInput(`job module ${name}: its input is not plain JSON (${p.path}: ${p.message})`);
+    }
+  }
+  const setup = mod['setup'];
+  if (setup !== undefined && typeof setup !== 'function') {
+    badInput(
+      `job module ${name}: setup must be a function, e.g. \`export async function setup({ dataDir }) { … }\``,
+    );
+  }
+  return {
+    path,
+    file,
+    plan,
+    operators,
+    tools,
+    input: input as JsonValue | undefined,
+    setup: setup as JobModule['setup'],
+  };
+}
+
+function checkOperators(name: string, value: unknown): Record<string, Operator> {
+  if (value === undefined) return {};
+  if (!isRecord(value)) {
+    badInput(
+      `job module ${name}: operators must be an object of functions, e.g. \`export const operators = { draft: async (ctx) => ({ text: '…' }) }\``,
+    );
+  }
+  for (const [key, fn] of Object.entries(value)) {
+    if (typeof fn !== 'function') {
+      badInput(
+        `job module ${name}: operators.${key} is not a function; export operators as { ${key}: async (ctx) => result }`,
+      );
+    }
+  }
+  return value as Record<string, Operator>;
+}
+
+function checkTools(name: string, value: unknown): ToolDefinition[] {
+  if (value === undefined) return [];
+  const fix = 'export tools as an array of defineTool({ … }) definitions';
+  if (!Array.isArray(value)) badInput(`job module ${name}: tools is not an array; ${fix}`);
+  const tools = value as unknown[];
+  tools.forEach((tool, i) => {
+    if (!isRecord(tool) || typeof tool['name'] !== 'string' || typeof tool['run'] !== 'function') {
+      badInput(`job module ${name}: tools[${i}] is not a tool definition; ${fix}`);
+    }
+  });
+  try {
+    createToolRegistry(tools as ToolDefinition[]);
+  } catch (error) {
+    badInput(`job module ${name}: ${firstLine(error)}`);
+  }
+  return tools as ToolDefinition[];
+}
+
+/** Runs the module's `setup` hook, if any; returns its teardown (a no-op when there is none). */
+export async function runSetup(job: JobModule, cwd: string): Promise<Teardown> {
+  if (job.setup === undefined) return () => {};
+  const dataDir = join(cwd, '.flujo', 'data');
+  mkdirSync(dataDir, { recursive: true });
+  const teardown = await job.setup({ dataDir });
+  return typeof teardown === 'function' ? teardown : () => {};
+}
