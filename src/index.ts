@@ -146,3 +146,7 @@ export type { CoreOptions } from './worker/core.js';
 export type { FlujoWorker, WorkerOptions } from './worker/worker.js';
 export type { Operator, OperatorContext, StepTools } from './actors/execute-step.js';
 export type { RunSummary } from './actors/run-host.js';
+
+// Tools: definitions checked once; every call from a step goes through the ledger.
+export { defineTool } from './tools/define-tool.js';
+export type { ToolContext, ToolDefinition, ToolSpec } from './tools/define-tool.js';
