@@ -1,0 +1,399 @@
+/**
+ * The BullMQ driver across processes: worker children (test/fixtures/driver-child.ts) on one queue,
+ * killed with SIGKILL at chosen moments. What is checked comes from the runs' event streams (what
+ * was committed) and the children's effect file (what was executed).
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { Redis } from 'ioredis';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import type { PlanInput } from '../../src/plan/schema.js';
+import { createRuntime, type Runtime } from '../../src/runtime.js';
+import { stepJobId } from '../../src/worker/jobs.js';
+import { connect, deletePrefix, redisUrl, testPrefix } from '../helpers/redis.js';
+
+const ROOT = join(import.meta.dirname, '..', '..');
+const NODE = join(ROOT, 'node_modules', '.bin', 'node');
+const CHILD = join(ROOT, 'test', 'fixtures', 'driver-child.ts');
+const QUEUE = 'drv';
+
+let redis: Redis;
+let prefix: string;
+let dir: string;
+let effectFile: string;
+let rt: Runtime;
+const children = new Set<WorkerChild>();
+
+interface Exit {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+}
+
+interface WorkerChild {
+  proc: ChildProcess;
+  pid: number;
+  exited: Promise<Exit>;
+  stderr: () => string;
+  /** SIGKILL; resolves when the process is gone. */
+  kill: () => Promise<Exit>;
+}
+
+interface ChildOptions {
+  recoveryMs?: number;
+  concurrency?: number;
+  recoverOnStart?: boolean;
+  killAt?: string;
+  /** Resolve once spawned, without waiting for `ready` (a child expected to die early). */
+  noWait?: boolean;
+}
+
+/** Spawns a worker child and waits for its `ready` line. */
+async function spawnWorker(o: ChildOptions = {}): Promise<WorkerChild> {
+  const proc = spawn(NODE, ['--import', 'tsx', CHILD], {
+    cwd: ROOT,
+    env: {
+      ...process.env,
+      REDIS_URL: redisUrl(),
+      FLUJO_PREFIX: prefix,
+      QUEUE_NAME: QUEUE,
+      EFFECT_FILE: effectFile,
+      CONCURRENCY: String(o.concurrency ?? 8),
+      RECOVERY_MS: String(o.recoveryMs ?? 2000),
+      RECOVER_ON_START: o.recoverOnStart === false ? '0' : '1',
+      FLUJO_KILL_AT: o.killAt ?? '',
+    },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let stdout = '';
+  let stderr = '';
+  const exited = new Promise<Exit>((resolve) =>
+    proc.on('close', (code, signal) => resolve({ code, signal })),
+  );
+  const ready = new Promise<void>((resolve, reject) => {
+    proc.stdout.on('data', (chunk: Buffer) => {
+      stdout += chunk.toString();
+      if (stdout.includes('ready ')) resolve();
+    });
+    proc.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
+    void exited.then((e) =>
+      reject(new Error(`worker child exited before ready (${JSON.stringify(e)}): ${stderr}`)),
+    );
+  });
+  const child: WorkerChild = {
+    proc,
+    pid: proc.pid!,
+    exited,
+    stderr: () => stderr,
+    kill: async () => {
+      if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGKILL');
+      return exited;
+    },
+  };
+  children.add(child);
+  void exited.then(() => children.delete(child));
+  if (o.noWait !== true) await ready;
+  else ready.catch(() => {});
+  return child;
+}
+
+interface Execution {
+  runId: string;
+  stepId: string;
+  attempt: number;
+  pid: number;
+  at: number;
+}
+
+/** The executions the children recorded. */
+function executions(): Execution[] {
+  if (!existsSync(effectFile)) return [];
+  return readFileSync(effectFile, 'utf8')
+    .split('\n')
+    .filter((l) => l !== '')
+    .map((l) => {
+      const [runId, stepId, attempt, pid, at] = l.split(' ');
+      return {
+        runId: runId!,
+        stepId: stepId!,
+        attempt: Number(attempt),
+        pid: Number(pid),
+        at: Number(at),
+      };
+    });
+}
+
+/** Prints a measured figure into the test output. */
+const say = (text: string) => process.stdout.write(`${text}\n`);
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+async function waitFor<T>(
+  what: string,
+  probe: () => T | undefined | Promise<T | undefined>,
+  timeoutMs = 10_000,
+  everyMs = 10,
+): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await probe();
+    if (value !== undefined) return value;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await sleep(everyMs);
+  }
+}
+
+/** Counts of committed events per type and per step, from the run's stream. */
+async function committed(runId: string) {
+  const events = await rt.core.store.readEvents(runId);
+  const succeeded = new Map<string, number>();
+  for (const e of events) {
+    if (e.type === 'step.succeeded') {
+      const id = String(e.data['stepId']);
+      succeeded.set(id, (succeeded.get(id) ?? 0) + 1);
+    }
+  }
+  return {
+    events,
+    succeeded,
+    finished: events.filter((e) => e.type === 'run.finished'),
+  };
+}
+
+const line = (ids: string[], operator: string, name = 'line'): PlanInput => ({
+  name,
+  defaults: { retry: { initialDelayMs: 20, jitter: 0 } },
+  steps: ids.map((id, i) => ({
+    id,
+    kind: 'operator' as const,
+    operator,
+    ...(i === 0 ? {} : { dependsOn: [ids[i - 1]!] }),
+  })),
+});
+
+beforeAll(() => {
+  redis = connect();
+});
+afterAll(async () => {
+  await redis.quit();
+});
+beforeEach(async () => {
+  prefix = testPrefix();
+  dir = await mkdtemp(join(tmpdir(), 'flujo-driver-'));
+  effectFile = join(dir, 'effects.log');
+  rt = createRuntime({ redis: redisUrl(), prefix, queueName: QUEUE });
+});
+afterEach(async () => {
+  await Promise.all([...children].map((c) => c.kill()));
+  await rt.close();
+  await deletePrefix(redis, prefix);
+  await rm(dir, { recursive: true, force: true });
+});
+
+describe('driver: worker processes on one queue', () => {
+  it('two worker processes, 200 runs: each run succeeds once and no step is committed twice', async () => {
+    const RUNS = 200;
+    const STEPS = ['s1', 's2', 's3'];
+    const [a, b] = await Promise.all([
+      spawnWorker({ concurrency: 16, recoveryMs: 2000 }),
+      spawnWorker({ concurrency: 16, recoveryMs: 2000 }),
+    ]);
+    const plan = line(STEPS, 'count', 'line3');
+    const t0 = Date.now();
+    const runIds: string[] = [];
+    for (let i = 0; i < RUNS; i += 20) {
+      const batch = await Promise.all(
+        Array.from({ length: Math.min(20, RUNS - i) }, () => rt.start(plan, { i })),
+      );
+      runIds.push(...batch.map((h) => h.runId));
+    }
+    const open = new Set(runIds);
+    const statuses = new Map<string, string>();
+    await waitFor(
+      'all 200 runs to end',
+      async () => {
+        for (const id of [...open]) {
+          const r = await rt.status(id);
+          if (r.status !== 'running') {
+            open.delete(id);
+            statuses.set(id, r.status);
+          }
+        }
+        return open.size === 0 ? true : undefined;
+      },
+      60_000,
+      100,
+    );
+    const elapsed = Date.now() - t0;
+
+    expect(new Set(runIds).size).toBe(RUNS);
+    expect([...statuses.values()].every((s) => s === 'succeeded')).toBe(true);
+
+    // Committed: from the event streams.
+    let commits = 0;
+    for (const id of runIds) {
+      const c = await committed(id);
+      expect(Object.fromEntries(c.succeeded), id).toEqual({ s1: 1, s2: 1, s3: 1 });
+      expect(c.finished, id).toHaveLength(1);
+      expect(c.finished[0]!.data).toMatchObject({
+        status: 'succeeded',
+        produced: { s1: { count: 1 }, s2: { count: 2 }, s3: { count: 3 } },
+      });
+      const toSucceeded = c.events.filter(
+        (e) => e.type === 'step.changed' && e.data['to'] === 'SUCCEEDED',
+      );
+      expect(toSucceeded, id).toHaveLength(3);
+      commits += c.succeeded.size;
+    }
+    expect(commits).toBe(RUNS * STEPS.length);
+
+    // Executed: from the effect file. Redeliveries may execute a unit again, never commit it again.
+    const execs = executions();
+    const units = new Map<string, number>();
+    for (const e of execs) {
+      const k = `${e.runId} ${e.stepId} ${e.attempt}`;
+      units.set(k, (units.get(k) ?? 0) + 1);
+    }
+    const ids = new Set(runIds);
+    expect(execs.every((e) => ids.has(e.runId) && STEPS.includes(e.stepId))).toBe(true);
+    expect(execs.every((e) => e.attempt === 1)).toBe(true);
+    for (const id of runIds) for (const s of STEPS) expect(units.has(`${id} ${s} 1`)).toBe(true);
+    expect(units.size).toBe(RUNS * STEPS.length);
+    const duplicates = execs.length - units.size;
+    // Both processes took part.
+    const byPid = new Map<number, number>();
+    for (const e of execs) byPid.set(e.pid, (byPid.get(e.pid) ?? 0) + 1);
+    expect([...byPid.keys()].sort()).toEqual([a.pid, b.pid].sort());
+    expect(await redis.scard(rt.core.keys.activeRuns())).toBe(0);
+
+    say(
+      `[driver] 200 runs × 3 steps on 2 worker processes: ${elapsed} ms, ` +
+        `${execs.length} executions, ${duplicates} duplicate executions, ` +
+        `per process ${JSON.stringify(Object.fromEntries(byPid))}`,
+    );
+    expect(elapsed).toBeLessThan(60_000);
+  }, 90_000);
+
+  it('a worker killed mid-step: the unit continues on another worker within the recovery window', async () => {
+    const workers = await Promise.all([
+      spawnWorker({ recoveryMs: 2000, concurrency: 2 }),
+      spawnWorker({ recoveryMs: 2000, concurrency: 2 }),
+    ]);
+    const run = await rt.start(
+      {
+        name: 'slow-then-noop',
+        steps: [
+          { id: 'slow', kind: 'operator', operator: 'slow', input: { ms: 3000 } },
+          { id: 'after', kind: 'operator', operator: 'noop', dependsOn: ['slow'] },
+        ],
+      },
+      null,
+    );
+    const first = await waitFor('the slow step to start', () =>
+      executions().find((e) => e.runId === run.runId && e.stepId === 'slow'),
+    );
+    expect((await run.status()).steps.find((s) => s.stepId === 'slow')?.status).toBe('RUNNING');
+    const victim = workers.find((w) => w.pid === first.pid)!;
+    const survivor = workers.find((w) => w.pid !== first.pid)!;
+    expect(victim).toBeDefined();
+    await sleep(200); // well inside the 3 s step
+    const killedAt = Date.now();
+    const exit = await victim.kill();
+    expect(exit.signal).toBe('SIGKILL');
+
+    const second = await waitFor(
+      'the slow step to start again',
+      () =>
+        executions().find(
+          (e) => e.runId === run.runId && e.stepId === 'slow' && e.pid === survivor.pid,
+        ),
+      10_000,
+    );
+    const recoveryMs = second.at - killedAt;
+    say(
+      `[driver] killed mid-step: the step started again on the other worker after ${recoveryMs} ms`,
+    );
+    expect(second.attempt).toBe(1); // the same unit, redelivered
+    expect(recoveryMs).toBeGreaterThan(0);
+    expect(recoveryMs).toBeLessThanOrEqual(2500);
+
+    const done = await run.settled({ timeoutMs: 10_000 });
+    expect(done.status).toBe('succeeded');
+    expect(done.summary.produced['slow']).toEqual({ slept: 3000, pid: survivor.pid });
+    const c = await committed(run.runId);
+    expect(Object.fromEntries(c.succeeded)).toEqual({ slow: 1, after: 1 });
+    expect(c.finished).toHaveLength(1);
+    const slowRuns = executions().filter((e) => e.stepId === 'slow');
+    expect(slowRuns.map((e) => e.pid)).toEqual([victim.pid, survivor.pid]);
+  }, 30_000);
+});
+
+describe('driver: a crash between commit and enqueue heals', () => {
+  const STEPS = ['s1', 's2', 's3'];
+
+  /** Starts a run on a child that dies right after committing s1; checks the crash window. */
+  async function crashAfterCommit(recoveryMs: number) {
+    const victim = await spawnWorker({ recoveryMs, killAt: 'after-commit:s1' });
+    const run = await rt.start(line(STEPS, 'count'), null);
+    const exit = await waitFor('the child to die', async () => {
+      const e = await Promise.race([victim.exited, sleep(20).then(() => undefined)]);
+      return e;
+    });
+    expect(exit).toEqual({ code: null, signal: 'SIGKILL' });
+    // s1 committed, s2 due, and no job for s2: exactly the window between commit and enqueue.
+    const steps = (await run.status()).steps;
+    expect(steps.map((s) => [s.stepId, s.status, s.attempt])).toEqual([
+      ['s1', 'SUCCEEDED', 1],
+      ['s2', 'RUNNING', 1],
+      ['s3', 'PENDING', 0],
+    ]);
+    expect(await rt.core.queue.getJob(stepJobId(run.runId, 's2', 1))).toBeUndefined();
+    expect(await rt.core.queue.getJobState(stepJobId(run.runId, 's1', 1))).toBe('active');
+    return { victim, run };
+  }
+
+  async function checkHealed(runId: string, victimPid: number, healerPid: number) {
+    const done = await rt.status(runId);
+    expect(done.status).toBe('succeeded');
+    expect(done.summary.produced).toEqual({
+      s1: { count: 1 },
+      s2: { count: 2 },
+      s3: { count: 3 },
+    });
+    const c = await committed(runId);
+    expect(Object.fromEntries(c.succeeded)).toEqual({ s1: 1, s2: 1, s3: 1 });
+    expect(c.finished).toHaveLength(1);
+    const execs = executions().filter((e) => e.runId === runId);
+    expect(execs.map((e) => [e.stepId, e.attempt, e.pid])).toEqual([
+      ['s1', 1, victimPid],
+      ['s2', 1, healerPid],
+      ['s3', 1, healerPid],
+    ]);
+  }
+
+  it('a fresh worker (recoverOnStart) finds the run and enqueues its next unit', async () => {
+    // A long lock (30 s): the dead child's job is not redelivered during the test, so only the
+    // start-up recovery can heal the run.
+    const { victim, run } = await crashAfterCommit(60_000);
+    const healer = await spawnWorker({ recoveryMs: 60_000, recoverOnStart: true });
+    const done = await run.settled({ timeoutMs: 10_000 });
+    expect(done.status).toBe('succeeded');
+    await checkHealed(run.runId, victim.pid, healer.pid);
+    // The crashed unit was not redelivered: recovery did it.
+    expect(await rt.core.queue.getJobState(stepJobId(run.runId, 's1', 1))).toBe('active');
+  }, 30_000);
+
+  it('the redelivered job heals it (a worker without start-up recovery)', async () => {
+    const { victim, run } = await crashAfterCommit(400);
+    const healer = await spawnWorker({ recoveryMs: 400, recoverOnStart: false });
+    const done = await run.settled({ timeoutMs: 10_000 });
+    expect(done.status).toBe('succeeded');
+    await checkHealed(run.runId, victim.pid, healer.pid);
+    // The crashed s1 job came back, found s1 committed (the guard), and enqueued s2.
+    const job = await rt.core.queue.getJob(stepJobId(run.runId, 's1', 1));
+    expect(job?.returnvalue).toBe('already-done');
+    expect(await job?.getState()).toBe('completed');
+  }, 30_000);
+});
