@@ -1,7 +1,12 @@
 import { randomUUID } from 'node:crypto';
 import { summarize, type RunSummary } from './actors/run-host.js';
 import type { Operator } from './actors/execute-step.js';
-import { InputValidationError, RunNotResumableError, StepNotWaitingError } from './errors.js';
+import {
+  InputValidationError,
+  RunAlreadyExistsError,
+  RunNotResumableError,
+  StepNotWaitingError,
+} from './errors.js';
 import { assertPlainJson, type JsonValue } from './internal/json.js';
 import { runSteps, runStatus, type StepState } from './machines/kernel.js';
 import type { RunStatus } from './machines/types.js';
@@ -14,12 +19,7 @@ import type { StepOutcome } from './schemas/outcomes.js';
 import type { ToolDefinition } from './tools/define-tool.js';
 import { RuntimeCore, type CoreOptions } from './worker/core.js';
 import { eventsOf, outcomesOf } from './worker/streams.js';
-import {
-  abortMessage,
-  startWorker,
-  type FlujoWorker,
-  type WorkerOptions,
-} from './worker/worker.js';
+import { startWorker, type FlujoWorker, type WorkerOptions } from './worker/worker.js';
 
 /** Options of {@link createRuntime}. */
 export interface RuntimeOptions extends CoreOptions {
@@ -259,13 +259,22 @@ export function createRuntime(options: RuntimeOptions): Runtime {
       }
       const at = core.clock();
       await core.redis.sadd(core.keys.activeRuns(), runId);
-      const created = await core.host.create(runId, plan, at, {
-        plan: JSON.stringify(plan),
-        input: JSON.stringify(input),
-        tenantId,
-        requestKey: opts.requestKey ?? '',
-        createdAt: String(at),
-      });
+      let created;
+      try {
+        created = await core.host.create(runId, plan, at, {
+          plan: JSON.stringify(plan),
+          input: JSON.stringify(input),
+          tenantId,
+          requestKey: opts.requestKey ?? '',
+          createdAt: String(at),
+        });
+      } catch (error) {
+        // Another start with the same request key created the run first: that run is the one.
+        if (opts.requestKey !== undefined && error instanceof RunAlreadyExistsError) {
+          return handle(runId, false);
+        }
+        throw error;
+      }
       await core.scheduleDeadline(runId, plan, at);
       await core.enqueueDue(runId, created.envelope.snapshot);
       return handle(runId, true);
@@ -286,14 +295,7 @@ export function createRuntime(options: RuntimeOptions): Runtime {
         ...(o.reason === undefined ? {} : { reason: o.reason }),
         at: core.clock(),
       });
-      for (const p of applied.transition.planned) {
-        if (p.type === 'step.abort') {
-          await core.redis.publish(
-            `${core.keys.prefix}:abort`,
-            abortMessage(runId, p.stepId, p.attempt),
-          );
-        }
-      }
+      await core.publishAborts(runId, applied.transition.planned);
       return report(runId);
     },
 

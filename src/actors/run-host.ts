@@ -1,9 +1,11 @@
 import { InvariantError, SnapshotConflictError } from '../errors.js';
 import type { JsonValue } from '../internal/json.js';
 import {
-  advanceRun,
+  openRun,
   runSteps,
   startRun,
+  validateRunEvent,
+  type OpenRun,
   type RunSnapshot,
   type RunTransition,
 } from '../machines/kernel.js';
@@ -101,6 +103,42 @@ export interface RunHostOptions {
    * @defaultValue 50
    */
   maxConflicts?: number;
+  /**
+   * How many runs to keep open in memory between their events (restoring a run's actors is the
+   * costly part of an event). An open run is used only when its version equals the stored one.
+   * @defaultValue 512
+   */
+  openRuns?: number;
+}
+
+/**
+ * Runs kept open between events, least recently used first out. An entry is taken out while an
+ * event is applied and put back only with the version its commit produced, so a run whose commit
+ * failed (a lost race, Redis trouble) is never reused.
+ */
+class OpenRuns {
+  readonly #max: number;
+  readonly #runs = new Map<string, { version: number; run: OpenRun }>();
+  constructor(max: number) {
+    this.#max = max;
+  }
+  take(runId: string, version: number): OpenRun | undefined {
+    const entry = this.#runs.get(runId);
+    if (entry === undefined) return undefined;
+    this.#runs.delete(runId);
+    if (entry.version === version) return entry.run;
+    entry.run.close();
+    return undefined;
+  }
+  put(runId: string, version: number, run: OpenRun): void {
+    if (this.#max <= 0 || run.snapshot.status !== 'active') return run.close();
+    this.#runs.set(runId, { version, run });
+    if (this.#runs.size > this.#max) {
+      const [oldest, entry] = this.#runs.entries().next().value as [string, { run: OpenRun }];
+      this.#runs.delete(oldest);
+      entry.run.close();
+    }
+  }
 }
 
 /** Creates runs and feeds them events: load → decide (pure) → commit with compare-and-set. */
@@ -124,7 +162,12 @@ export interface RunHost {
 }
 
 /** Creates a {@link RunHost} over a snapshot store. */
-export function createRunHost({ store, maxConflicts = 50 }: RunHostOptions): RunHost {
+export function createRunHost({
+  store,
+  maxConflicts = 50,
+  openRuns = 512,
+}: RunHostOptions): RunHost {
+  const open = new OpenRuns(openRuns);
   return {
     async create(runId, plan, at, meta) {
       const transition = startRun(plan, { runId, at });
@@ -141,18 +184,25 @@ export function createRunHost({ store, maxConflicts = 50 }: RunHostOptions): Run
     async apply(runId, event, loaded) {
       let envelope = loaded ?? (await store.load(runId));
       for (let conflicts = 0; ; conflicts++) {
-        const before = advanceRun(envelope.snapshot, event);
-        if (!before.accepted) return { envelope, transition: before, committed: false };
+        const valid = validateRunEvent(envelope.snapshot, event);
         const status = statusBefore(envelope.snapshot);
+        const run = open.take(runId, envelope.version) ?? openRun(envelope.snapshot);
+        const t = run.send(valid);
+        if (!t.accepted) {
+          open.put(runId, envelope.version, run);
+          return { envelope, transition: t, committed: false };
+        }
         try {
           const next = await store.commit(
             runId,
             envelope.version,
-            before.snapshot,
-            factsOf(event, status, before),
+            t.snapshot,
+            factsOf(event, status, t),
           );
-          return { envelope: next, transition: before, committed: true };
+          open.put(runId, next.version, run);
+          return { envelope: next, transition: t, committed: true };
         } catch (error) {
+          run.close();
           if (!(error instanceof SnapshotConflictError) || conflicts >= maxConflicts) throw error;
           envelope = await store.load(runId);
         }

@@ -47,45 +47,101 @@ export interface RunTransition {
 }
 
 /**
+ * A run restored in memory: an xstate actor system (the run and one child per step) that takes
+ * events one at a time. Pure: no clock, timer, randomness or I/O; what it returns for an event is a
+ * function of its state and the event alone.
+ *
  * Why not xstate's pure `transition()`: it does not deliver `sendTo` / `sendParent` between a run
- * and its child step actors (those come back as unexecuted actions). So the kernel restores the run
- * as an in-memory actor system, feeds it one event, lets parent and children settle synchronously,
- * and reads the persisted snapshot back. No clock, timer, randomness or I/O is involved: the result
- * is a function of (snapshot, event) alone, which the replay tests check.
+ * and its child step actors (those come back as unexecuted actions). So the kernel runs the actor
+ * system, lets parent and children settle synchronously after each event, and reads the persisted
+ * snapshot back. Restoring that system is the costly part, so a worker may keep an `OpenRun` between
+ * events of the same run (checking the stored version first); `advanceRun` opens one per call.
  */
-function settle(
-  make: () => Actor<typeof runMachine>,
-  feed: ((actor: Actor<typeof runMachine>) => void) | null,
-  before: RunContext | null,
-): RunTransition {
-  const planned: PlannedAction[] = [];
-  let failure: unknown;
-  const actor = make();
-  actor.on('planned', (e) => planned.push(e.action));
-  const sub = actor.subscribe({ error: (err) => (failure = err) });
-  actor.start();
-  feed?.(actor);
-  const snapshot = actor.getPersistedSnapshot() as unknown as RunSnapshot;
-  sub.unsubscribe();
-  actor.stop();
-  if (failure !== undefined || snapshot.status === 'error') {
-    throw new InvariantError(`run machine failed: ${String(failure ?? snapshot['error'])}`, {
-      cause: failure,
-    });
-  }
-  const context = snapshot.context;
-  const changes = diffSteps(before, context);
-  return {
+export interface OpenRun {
+  /** The snapshot as of the last event (or as opened). */
+  readonly snapshot: RunSnapshot;
+  /** Feeds one valid event (see {@link validateRunEvent}). */
+  send(event: RunEvent): RunTransition;
+  /** Stops the actor system. */
+  close(): void;
+}
+
+/** Opens a run from its persisted snapshot. */
+export function openRun(snapshot: RunSnapshot): OpenRun {
+  // With a snapshot, xstate restores it and ignores `input`.
+  return host(
+    createActor(runMachine, { snapshot: snapshot as never, input: undefined as never }),
     snapshot,
-    status: statusOf(context),
-    planned,
-    changes,
-    accepted:
-      before === null ||
-      changes.length > 0 ||
-      before.cancel !== context.cancel ||
-      before.stop !== context.stop ||
-      before.resumes !== context.resumes,
+  );
+}
+
+function host(
+  actor: Actor<typeof runMachine>,
+  initial: RunSnapshot | null,
+): OpenRun & { first: RunTransition | null } {
+  let planned: PlannedAction[] = [];
+  let failure: unknown;
+  actor.on('planned', (e) => planned.push(e.action));
+  actor.subscribe({ error: (err) => (failure = err) });
+  actor.start();
+  let current = initial ?? read();
+  const first = initial === null ? transitionFrom(null) : null;
+
+  function read(): RunSnapshot {
+    const snap = actor.getPersistedSnapshot() as unknown as RunSnapshot;
+    if (failure !== undefined || snap.status === 'error') {
+      throw new InvariantError(`run machine failed: ${String(failure ?? snap['error'])}`, {
+        cause: failure,
+      });
+    }
+    return snap;
+  }
+
+  function transitionFrom(before: RunContext | null): RunTransition {
+    const snapshot = before === null ? current : read();
+    const context = snapshot.context;
+    const changes = diffSteps(before, context);
+    const t: RunTransition = {
+      snapshot,
+      status: statusOf(context),
+      planned,
+      changes,
+      accepted:
+        before === null ||
+        changes.length > 0 ||
+        before.cancel !== context.cancel ||
+        before.stop !== context.stop ||
+        before.resumes !== context.resumes,
+    };
+    planned = [];
+    return t;
+  }
+
+  return {
+    first,
+    get snapshot() {
+      return current;
+    },
+    send(event) {
+      // A run that has ended never changes.
+      if (current.status !== 'active') {
+        return {
+          snapshot: current,
+          status: statusOf(current.context),
+          planned: [],
+          changes: [],
+          accepted: false,
+        };
+      }
+      const before = current.context;
+      actor.send(event);
+      const t = transitionFrom(before);
+      current = t.snapshot;
+      return t;
+    },
+    close() {
+      actor.stop();
+    },
   };
 }
 
@@ -120,7 +176,9 @@ export interface StartRunOptions {
 
 /** Creates a run from a parsed plan: spawns its steps and starts those with no dependencies. */
 export function startRun(plan: Plan, { runId, at }: StartRunOptions): RunTransition {
-  return settle(() => createActor(runMachine, { input: { runId, plan, at } }), null, null);
+  const run = host(createActor(runMachine, { input: { runId, plan, at } }), null);
+  run.close();
+  return run.first!;
 }
 
 /** Checks that `event` is a run event and names a step of this run; throws `EventValidationError`. */
@@ -157,12 +215,12 @@ export function advanceRun(snapshot: RunSnapshot, event: unknown): RunTransition
       accepted: false,
     };
   }
-  return settle(
-    // With a snapshot, xstate restores it and ignores `input`.
-    () => createActor(runMachine, { snapshot: snapshot as never, input: undefined as never }),
-    (actor) => actor.send(valid),
-    snapshot.context,
-  );
+  const run = openRun(snapshot);
+  try {
+    return run.send(valid);
+  } finally {
+    run.close();
+  }
 }
 
 /** The run's status, read from its snapshot. */

@@ -15,6 +15,7 @@ import { createSnapshotCodec } from '../persistence/codec.js';
 import { createKeys, type Keys } from '../persistence/keys.js';
 import { createLedger, type Ledger } from '../persistence/ledger.js';
 import { createSnapshotStore, type SnapshotStore } from '../persistence/snapshot-store.js';
+import type { PlannedAction } from '../machines/types.js';
 import type { RunEvent } from '../schemas/events.js';
 import { createToolRegistry, type ToolRegistry } from '../tools/registry.js';
 import { dueJobs, JobName, deadlineJobId, type JobData, type JobSpec } from './jobs.js';
@@ -31,6 +32,11 @@ export interface CoreOptions {
   queueName?: string;
   /** The clock, epoch ms (tests may pin it). @defaultValue `Date.now` */
   clock?: () => number;
+}
+
+/** The abort-channel message naming one running attempt. */
+export function abortMessage(runId: string, stepId: string, attempt: number): string {
+  return `${runId}\n${stepId}\n${attempt}`;
 }
 
 /** What a run was started with, as stored beside it. */
@@ -60,6 +66,8 @@ export class RuntimeCore {
   readonly host: RunHost;
   readonly ledger: Ledger;
   readonly queue: Queue;
+  readonly #queueConnection: Redis;
+  #blocking: Redis | undefined;
   readonly queueName: string;
   readonly tenantId: string;
   readonly clock: () => number;
@@ -89,8 +97,10 @@ export class RuntimeCore {
     });
     this.host = createRunHost({ store: this.store });
     this.ledger = createLedger({ redis: this.redis, prefix: this.keys.prefix, clock: this.clock });
+    this.#queueConnection = this.redis.duplicate({ maxRetriesPerRequest: null });
+    this.#queueConnection.on('error', () => {});
     this.queue = new Queue(this.queueName, {
-      connection: this.redis.duplicate({ maxRetriesPerRequest: null }),
+      connection: this.#queueConnection,
       prefix: this.keys.queuePrefix(),
       defaultJobOptions: JOB_DEFAULTS,
     });
@@ -130,6 +140,12 @@ export class RuntimeCore {
 
   /** Adds jobs in one round trip. */
   async add(jobs: JobSpec[]): Promise<void> {
+    // One job (the common case) needs no pipeline, which costs more than the script call itself.
+    if (jobs.length === 1) {
+      const [j] = jobs as [JobSpec];
+      await this.queue.add(j.name, j.data, j.opts);
+      return;
+    }
     await this.queue.addBulk(jobs.map((j) => ({ name: j.name, data: j.data, opts: j.opts })));
   }
 
@@ -154,8 +170,35 @@ export class RuntimeCore {
     ]);
   }
 
+  /** Tells workers to abort the attempts a transition planned to abort (cancel, budget stop). */
+  async publishAborts(runId: string, planned: readonly PlannedAction[]): Promise<void> {
+    for (const p of planned) {
+      if (p.type === 'step.abort') {
+        await this.redis.publish(this.abortChannel(), abortMessage(runId, p.stepId, p.attempt));
+      }
+    }
+  }
+
+  /** The pub/sub channel on which aborts of running attempts are announced. */
+  abortChannel(): string {
+    return `${this.keys.prefix}:abort`;
+  }
+
+  /** The connection for blocking stream reads (XREAD BLOCK), created on first use. */
+  blocking(): Redis {
+    if (this.#blocking === undefined) {
+      this.#blocking = this.redis.duplicate({ maxRetriesPerRequest: null });
+      this.#blocking.on('error', () => {});
+    }
+    return this.#blocking;
+  }
+
   async close(): Promise<void> {
+    this.#blocking?.disconnect();
+    this.#blocking = undefined;
     await this.queue.close();
+    // BullMQ does not close a connection it was given.
+    this.#queueConnection.disconnect();
     await this.store.close();
     if (this.ownsRedis) this.redis.disconnect();
   }

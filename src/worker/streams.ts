@@ -1,4 +1,3 @@
-import type { Redis } from 'ioredis';
 import type { JsonValue } from '../internal/json.js';
 import type { StepStatus } from '../machines/types.js';
 import type { StoredRunEvent } from '../persistence/snapshot-store.js';
@@ -37,17 +36,14 @@ export async function* eventsOf(
   }
 }
 
-let blocking: Redis | undefined;
-
 async function waitForMore(
   core: RuntimeCore,
   runId: string,
   after: string,
   signal: AbortSignal | undefined,
 ): Promise<void> {
-  // One blocking connection per process: XREAD BLOCK must not hold up the shared client.
-  blocking ??= core.redis.duplicate({ maxRetriesPerRequest: null });
-  const conn = blocking;
+  // XREAD BLOCK must not hold up the shared client: the runtime keeps a connection for it.
+  const conn = core.blocking();
   const onAbort = () => conn.disconnect(true);
   signal?.addEventListener('abort', onAbort, { once: true });
   try {
@@ -57,12 +53,6 @@ async function waitForMore(
   } finally {
     signal?.removeEventListener('abort', onAbort);
   }
-}
-
-/** Closes the shared blocking connection, if any. */
-export function closeStreams(): void {
-  blocking?.disconnect();
-  blocking = undefined;
 }
 
 interface Changed {

@@ -1,5 +1,5 @@
 import { randomInt } from 'node:crypto';
-import { Worker, type Job } from 'bullmq';
+import { DelayedError, Worker, type Job } from 'bullmq';
 import type { Redis } from 'ioredis';
 import { executeStep } from '../actors/execute-step.js';
 import { RunNotFoundError } from '../errors.js';
@@ -8,7 +8,7 @@ import type { JsonValue } from '../internal/json.js';
 import { runSteps, type RunSnapshot } from '../machines/kernel.js';
 import type { SnapshotEnvelope } from '../persistence/codec.js';
 import type { RunEvent } from '../schemas/events.js';
-import type { RuntimeCore } from './core.js';
+import { abortMessage, type RuntimeCore } from './core.js';
 import { JobName, type JobData } from './jobs.js';
 
 /** Options of a worker. */
@@ -44,17 +44,25 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
   const aborts = new Map<string, AbortController>();
   const subscriber: Redis = core.redis.duplicate();
   subscriber.on('error', () => {});
-  const abortChannel = `${core.keys.prefix}:abort`;
+  const abortChannel = core.abortChannel();
   subscriber.on('message', (_channel: string, message: string) => {
     aborts.get(message)?.abort(new Error('the run was cancelled'));
   });
 
-  const processor = async (job: Job<JobData>, _token?: string, signal?: AbortSignal) => {
+  const processor = async (job: Job<JobData>, token?: string, signal?: AbortSignal) => {
     const { runId } = job.data;
     try {
       switch (job.name) {
-        case JobName.step:
-          return await processStep(job.data, signal);
+        case JobName.step: {
+          const outcome = await processStep(job.data, signal);
+          if (typeof outcome === 'object') {
+            // Another worker still holds a lease on one of the step's tool calls (it may be
+            // alive, or its lease has not lapsed yet): come back later, without spending an attempt.
+            await job.moveToDelayed(core.clock() + outcome.retryAfterMs, token);
+            throw new DelayedError();
+          }
+          return outcome;
+        }
         case JobName.retry:
           await core.apply(runId, {
             type: 'retry.due',
@@ -87,6 +95,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       at: core.clock(),
     };
     const applied = await core.host.apply(runId, event, env);
+    await core.publishAborts(runId, applied.transition.planned);
     await core.enqueueDue(runId, applied.envelope.snapshot);
   }
 
@@ -103,7 +112,10 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     return 'deadline';
   }
 
-  async function processStep(data: JobData, jobSignal: AbortSignal | undefined): Promise<string> {
+  async function processStep(
+    data: JobData,
+    jobSignal: AbortSignal | undefined,
+  ): Promise<string | { retryAfterMs: number }> {
     const { runId } = data;
     const stepId = data.stepId!;
     const attempt = data.attempt!;
@@ -140,7 +152,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       if (out !== undefined && out !== null) depOutputs[d] = out;
     }
     const controller = new AbortController();
-    const abortKey = `${runId}\n${stepId}\n${attempt}`;
+    const abortKey = abortMessage(runId, stepId, attempt);
     aborts.set(abortKey, controller);
     const onJobAbort = () => controller.abort(jobSignal?.reason);
     jobSignal?.addEventListener('abort', onJobAbort, { once: true });
@@ -170,6 +182,9 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       jobSignal?.removeEventListener('abort', onJobAbort);
     }
 
+    if (result.kind === 'failed' && result.error.code === 'tool_call_busy') {
+      return { retryAfterMs: Math.max(50, result.error.retryAfterMs ?? 1000) };
+    }
     if (result.kind === 'budget') {
       await stopForBudget(runId, env, result.error.details as JsonValue);
       return 'budget';
@@ -233,9 +248,4 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       connection.disconnect();
     },
   };
-}
-
-/** The abort-channel message naming one running attempt. */
-export function abortMessage(runId: string, stepId: string, attempt: number): string {
-  return `${runId}\n${stepId}\n${attempt}`;
 }
