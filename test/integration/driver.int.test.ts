@@ -14,7 +14,6 @@ import type { JsonValue } from '../../src/internal/json.js';
 import type { PlanInput } from '../../src/plan/schema.js';
 import type { StoredRunEvent } from '../../src/persistence/snapshot-store.js';
 import { createRuntime, type Runtime } from '../../src/runtime.js';
-import { closeStreams } from '../../src/worker/streams.js';
 import type { FlujoWorker } from '../../src/worker/worker.js';
 import type { StepOutcome } from '../../src/schemas/outcomes.js';
 import { defineTool } from '../../src/tools/define-tool.js';
