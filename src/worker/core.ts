@@ -74,6 +74,8 @@ export class RuntimeCore {
   readonly operators = new Map<string, Operator>();
   readonly tools: ToolRegistry = createToolRegistry();
   readonly #metaCache = new Map<string, RunMeta>();
+  // Runs of one plan store the same plan text: validate it once.
+  readonly #planCache = new Map<string, Plan>();
 
   constructor(options: CoreOptions) {
     this.ownsRedis = typeof options.redis === 'string';
@@ -117,8 +119,14 @@ export class RuntimeCore {
         { path: 'plan', message: `run "${runId}" has no stored plan` },
       ]);
     }
+    let plan = this.#planCache.get(raw['plan']);
+    if (plan === undefined) {
+      plan = parsePlan(raw['plan']);
+      if (this.#planCache.size > 1000) this.#planCache.clear();
+      this.#planCache.set(raw['plan'], plan);
+    }
     const meta: RunMeta = {
-      plan: parsePlan(raw['plan']),
+      plan,
       input: JSON.parse(raw['input'] ?? 'null') as JsonValue,
       tenantId: raw['tenantId'] ?? this.tenantId,
       requestKey: raw['requestKey'] ?? null,
