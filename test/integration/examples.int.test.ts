@@ -44,4 +44,11 @@ describe('examples run as documented', () => {
     );
     expect(out).toContain("21 events in the run's stream, snapshot version 8");
   });
+
+  it('the main demo (npm run demo) runs the durable job, survives its crash, and counts one effect per tool', async () => {
+    const out = await runExample('examples/durable-job/main.ts');
+    expect(out).toContain('killed by SIGKILL');
+    expect(out).toMatch(/upload 1 effect \(1 duplicate answered from its record\), email 1 effect/);
+    expect(out).toMatch(/ok: both runs succeeded with 1 upload and 1 e-mail each/);
+  }, 60_000);
 });
