@@ -9,6 +9,7 @@ import {
   type RunSnapshot,
   type RunTransition,
 } from '../machines/kernel.js';
+import { RUN_SNAPSHOT_SCHEMA_VERSION } from '../machines/snapshot-migrations.js';
 import type { RunStatus } from '../machines/types.js';
 import type { Plan } from '../plan/schema.js';
 import type { SnapshotEnvelope } from '../persistence/codec.js';
@@ -122,6 +123,12 @@ class OpenRuns {
   constructor(max: number) {
     this.#max = max;
   }
+  peek(runId: string): { version: number; snapshot: RunSnapshot } | undefined {
+    const entry = this.#runs.get(runId);
+    return entry === undefined
+      ? undefined
+      : { version: entry.version, snapshot: entry.run.snapshot };
+  }
   take(runId: string, version: number): OpenRun | undefined {
     const entry = this.#runs.get(runId);
     if (entry === undefined) return undefined;
@@ -159,6 +166,11 @@ export interface RunHost {
     event: RunEvent,
     loaded?: SnapshotEnvelope<RunSnapshot>,
   ): Promise<AppliedEvent>;
+  /**
+   * The run's envelope: from the run held open in memory when its version is still the stored one
+   * (a one-field read), else loaded whole.
+   */
+  load(runId: string): Promise<SnapshotEnvelope<RunSnapshot>>;
 }
 
 /** Creates a {@link RunHost} over a snapshot store. */
@@ -169,6 +181,19 @@ export function createRunHost({
 }: RunHostOptions): RunHost {
   const open = new OpenRuns(openRuns);
   return {
+    async load(runId) {
+      const held = open.peek(runId);
+      if (held !== undefined && (await store.version(runId)) === held.version) {
+        return {
+          schemaVersion: RUN_SNAPSHOT_SCHEMA_VERSION,
+          version: held.version,
+          snapshot: held.snapshot,
+          updatedAt: held.snapshot.context.updatedAt,
+        };
+      }
+      return store.load(runId);
+    },
+
     async create(runId, plan, at, meta) {
       const transition = startRun(plan, { runId, at });
       const created = { type: 'run.created', runId, plan: plan.name, at } as const;

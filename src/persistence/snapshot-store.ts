@@ -95,6 +95,8 @@ export interface SnapshotStore<S = unknown> {
   ): Promise<SnapshotEnvelope<S>>;
   /** The meta fields written at creation (empty when the run has none or does not exist). */
   loadMeta(runId: string): Promise<Record<string, string>>;
+  /** The stored version alone (one small read), or null when the run does not exist. */
+  version(runId: string): Promise<number | null>;
   /** Loads (and migrates) a run's envelope; throws `RunNotFoundError` when there is none. */
   load(runId: string): Promise<SnapshotEnvelope<S>>;
   /** Loads (and migrates) a run's envelope, or returns null when there is none. */
@@ -338,6 +340,16 @@ export function createSnapshotStore<S = unknown>(
     return Object.keys(fields).length === 0 ? null : codec.decode(runId, fields);
   }
 
+  async function version(runId: string): Promise<number | null> {
+    let raw: string | null;
+    try {
+      raw = await redis.hget(keys.snap(runId), 'v');
+    } catch (error) {
+      return fail(error);
+    }
+    return raw === null ? null : parseStoredVersion(runId, raw);
+  }
+
   async function loadMeta(runId: string): Promise<Record<string, string>> {
     try {
       return await redis.hgetall(keys.meta(runId));
@@ -384,6 +396,7 @@ export function createSnapshotStore<S = unknown>(
   return {
     create,
     loadMeta,
+    version,
     load,
     tryLoad,
     commit,

@@ -119,7 +119,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     const { runId } = data;
     const stepId = data.stepId!;
     const attempt = data.attempt!;
-    let env = await core.store.load(runId);
+    let env = await core.host.load(runId);
     const state = runSteps(env.snapshot).find((s) => s.stepId === stepId);
     // The guard: this attempt was already committed (or cancelled). Redelivered jobs are
     // harmless, and enqueueing what is due heals a crash between a commit and its enqueue.
