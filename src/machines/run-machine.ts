@@ -151,6 +151,15 @@ export const runMachine = setup({
     },
   },
   actions: {
+    // Orders every open step cancelled with `reason` (a run cancel, a budget stop), once.
+    cancelOpenSteps: enqueueActions(
+      ({ enqueue, context }, params: { reason: string; at: number }) => {
+        const ordered = cancelOpenSteps(context, params.reason, params.at, (id, e) =>
+          enqueue.sendTo(id, e),
+        );
+        enqueue.assign({ cancelOrdered: ({ context: c }) => [...c.cancelOrdered, ...ordered] });
+      },
+    ),
     forwardToStep: sendTo(
       ({ event }) => (event as { stepId: string }).stepId,
       ({ event }) => event as never,
@@ -201,12 +210,10 @@ export const runMachine = setup({
           }),
           updatedAt: ({ context, event }) => Math.max(context.updatedAt, event.at),
         }),
-        enqueueActions(({ enqueue, context, event }) => {
-          const ordered = cancelOpenSteps(context, StepReason.runCancelled, event.at, (id, e) =>
-            enqueue.sendTo(id, e),
-          );
-          enqueue.assign({ cancelOrdered: ({ context: c }) => [...c.cancelOrdered, ...ordered] });
-        }),
+        {
+          type: 'cancelOpenSteps',
+          params: ({ event }) => ({ reason: StepReason.runCancelled, at: event.at }),
+        },
       ],
     },
     'run.stopped': {
@@ -220,12 +227,10 @@ export const runMachine = setup({
           }),
           updatedAt: ({ context, event }) => Math.max(context.updatedAt, event.at),
         }),
-        enqueueActions(({ enqueue, context, event }) => {
-          const ordered = cancelOpenSteps(context, event.reason, event.at, (id, e) =>
-            enqueue.sendTo(id, e),
-          );
-          enqueue.assign({ cancelOrdered: ({ context: c }) => [...c.cancelOrdered, ...ordered] });
-        }),
+        {
+          type: 'cancelOpenSteps',
+          params: ({ event }) => ({ reason: event.reason, at: event.at }),
+        },
       ],
     },
     'step.reported': {
