@@ -18,7 +18,12 @@ export interface RunSnapshot {
   children: Record<
     string,
     {
-      snapshot: { status: string; value: StepStatus; context: StepContext };
+      snapshot: {
+        status: string;
+        value: StepStatus;
+        context: StepContext;
+        [key: string]: unknown;
+      };
       src: string;
       [key: string]: unknown;
     }
@@ -66,6 +71,49 @@ export interface OpenRun {
   close(): void;
 }
 
+/**
+ * The persisted form of a run actor, the same as xstate's `getPersistedSnapshot()` (a test checks
+ * it on every state the graph walk reaches) but without its walk of every context object in search
+ * of actor references: these machines keep none in context, and history states are not used. That
+ * walk was a third of the kernel's time per event.
+ */
+export function persistedSnapshot(actor: Actor<typeof runMachine>): RunSnapshot {
+  const snap = actor.getSnapshot();
+  const children: RunSnapshot['children'] = {};
+  for (const [id, ref] of Object.entries(snap.children)) {
+    if (ref === undefined) continue;
+    const child = ref.getSnapshot() as unknown as {
+      status: string;
+      value: StepStatus;
+      context: StepContext;
+      output: unknown;
+      error: unknown;
+    };
+    children[id] = {
+      snapshot: {
+        status: child.status,
+        value: child.value,
+        historyValue: {},
+        context: child.context,
+        children: {},
+        output: child.output,
+        error: child.error,
+      },
+      src: 'step',
+      syncSnapshot: false,
+    };
+  }
+  return {
+    status: snap.status,
+    value: snap.value as string,
+    historyValue: {},
+    context: snap.context,
+    children,
+    output: snap.output,
+    error: snap.error,
+  } as RunSnapshot;
+}
+
 /** Opens a run from its persisted snapshot. */
 export function openRun(snapshot: RunSnapshot): OpenRun {
   // With a snapshot, xstate restores it and ignores `input`.
@@ -88,7 +136,7 @@ function host(
   const first = initial === null ? transitionFrom(null) : null;
 
   function read(): RunSnapshot {
-    const snap = actor.getPersistedSnapshot() as unknown as RunSnapshot;
+    const snap = persistedSnapshot(actor);
     if (failure !== undefined || snap.status === 'error') {
       throw new InvariantError(`run machine failed: ${String(failure ?? snap['error'])}`, {
         cause: failure,

@@ -1,6 +1,11 @@
 import { describe, expect, it } from 'vitest';
 import { createActor } from 'xstate';
-import { advanceRun, startRun, type RunSnapshot } from '../../src/machines/kernel.js';
+import {
+  advanceRun,
+  persistedSnapshot,
+  startRun,
+  type RunSnapshot,
+} from '../../src/machines/kernel.js';
 import { runMachine } from '../../src/machines/run-machine.js';
 import type { PlannedAction } from '../../src/machines/types.js';
 import type { RunEvent } from '../../src/schemas/events.js';
@@ -75,5 +80,26 @@ describe('persist → JSON → restore', () => {
       return JSON.stringify(snap);
     };
     expect(runOnce()).toBe(runOnce());
+  });
+});
+
+describe('the kernel reads the persisted snapshot the way xstate does', () => {
+  it('equals getPersistedSnapshot after every event of a script, also through JSON', () => {
+    const live = createActor(runMachine, { input: { runId: 'p', plan, at: T0 } });
+    live.start();
+    const check = () => {
+      const ours = persistedSnapshot(live);
+      expect(ours).toEqual(live.getPersistedSnapshot());
+      expect(JSON.parse(JSON.stringify(ours))).toEqual(
+        JSON.parse(JSON.stringify(live.getPersistedSnapshot())),
+      );
+    };
+    check();
+    for (const event of [...script, e.resume(), e.ok('e', 2)]) {
+      live.send(event);
+      check();
+    }
+    expect(live.getSnapshot().value).toBe('succeeded');
+    live.stop();
   });
 });
