@@ -105,13 +105,13 @@ export function persistedSnapshot(actor: Actor<typeof runMachine>): RunSnapshot 
   }
   return {
     status: snap.status,
-    value: snap.value as string,
+    value: snap.value,
     historyValue: {},
     context: snap.context,
     children,
     output: snap.output,
     error: snap.error,
-  } as RunSnapshot;
+  };
 }
 
 /** Opens a run from its persisted snapshot. */
