@@ -2,7 +2,8 @@
  * Flujo: a durable execution runtime for AI agents and multi-step jobs. Runs and steps are XState
  * machines whose snapshots live in Redis, written with compare-and-set.
  *
- * The public surface, explicitly: nothing else is part of the API.
+ * The public surface, explicitly: nothing else is part of the API. Test helpers (the scripted
+ * OpenAI-compatible model server) are published separately as `flujo/testing`.
  *
  * @packageDocumentation
  */
