@@ -30,6 +30,8 @@ export const ErrorCode = {
   BudgetExceeded: 'budget_exceeded',
   StepNotWaiting: 'step_not_waiting',
   RunNotResumable: 'run_not_resumable',
+  ModelError: 'model_error',
+  ResumeError: 'resume_error',
 } as const;
 /** A value of {@link ErrorCode}. */
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
@@ -524,6 +526,195 @@ export class RunNotResumableError extends FlujoError {
   }
   override get details(): unknown {
     return { runId: this.runId, status: this.status };
+  }
+}
+
+/** Why a model call failed, as decided once from the provider's answer (or its absence). */
+export type ModelErrorKind =
+  | 'rate_limit'
+  | 'auth'
+  | 'bad_request'
+  | 'not_found'
+  | 'timeout'
+  | 'conflict'
+  | 'server'
+  | 'connection';
+
+const RETRYABLE_MODEL_ERRORS: ReadonlySet<ModelErrorKind> = new Set<ModelErrorKind>([
+  'rate_limit',
+  'timeout',
+  'conflict',
+  'server',
+  'connection',
+]);
+
+/** What {@link ModelError} is built from. Never put an API key in any of these. */
+export interface ModelErrorInfo {
+  kind: ModelErrorKind;
+  /** The model the call asked for. */
+  model: string;
+  /** Where the call went (without credentials). */
+  baseURL: string;
+  /** The HTTP status, when the provider answered. */
+  status?: number;
+  /** What the provider said, when it said something worth repeating. */
+  providerMessage?: string;
+  /** The provider's request id (`x-request-id`), for its support. */
+  requestId?: string;
+}
+
+function modelErrorMessage(info: ModelErrorInfo): string {
+  const { kind, model, baseURL, status, providerMessage } = info;
+  const said =
+    providerMessage === undefined || providerMessage === '' ? '' : `: ${providerMessage}`;
+  const code = status === undefined ? '' : ` (${status})`;
+  switch (kind) {
+    case 'auth':
+      // The provider's own text for a refused key may quote part of the key: never repeat it.
+      return status === 403
+        ? `the provider refused access (403) to model "${model}" at ${baseURL}: check that the API key's project or organization may use this model`
+        : `the provider refused the API key${code} at ${baseURL}: set OPENAI_API_KEY (or the agent's provider.apiKey)`;
+    case 'not_found':
+      return `model "${model}" not found at ${baseURL}${code}: check the agent's model name (and provider.baseURL, which usually ends in /v1)`;
+    case 'bad_request':
+      return `${providerMessage === undefined || providerMessage === '' ? `model "${model}" at ${baseURL} refused the request${code}` : `${providerMessage}${code}`}: the request was malformed: check the agent's settings and tools`;
+    case 'rate_limit':
+      return `model "${model}" at ${baseURL} is rate limited${code}${said}`;
+    case 'timeout':
+      return `model "${model}" at ${baseURL} did not answer in time${code}${said}; raise the agent's timeoutMs if its replies are slow`;
+    case 'conflict':
+      return `model "${model}" at ${baseURL} reported a conflict${code}${said}`;
+    case 'server':
+      return `model "${model}" at ${baseURL} failed with a server error${code}${said}`;
+    case 'connection':
+      return `the connection to model "${model}" at ${baseURL} failed${said}; check provider.baseURL and the network`;
+  }
+}
+
+/**
+ * A model call failed. `kind` says why; retryable for rate limits, timeouts, conflicts, server
+ * errors and dropped connections, final for a refused key, a malformed request or an unknown model
+ * (the message then says what to fix). `retryAfterMs` carries the provider's `retry-after`.
+ */
+export class ModelError extends FlujoError {
+  override name = 'ModelError';
+  readonly code = ErrorCode.ModelError;
+  readonly kind: ModelErrorKind;
+  readonly status: number | undefined;
+  readonly model: string;
+  readonly baseURL: string;
+  readonly requestId: string | undefined;
+  constructor(info: ModelErrorInfo, options?: FlujoErrorOptions) {
+    super(modelErrorMessage(info), RETRYABLE_MODEL_ERRORS.has(info.kind), options);
+    this.kind = info.kind;
+    this.status = info.status;
+    this.model = info.model;
+    this.baseURL = info.baseURL;
+    this.requestId = info.requestId;
+  }
+  override get details(): unknown {
+    const out: Record<string, unknown> = {
+      kind: this.kind,
+      model: this.model,
+      baseURL: this.baseURL,
+    };
+    if (this.status !== undefined) out['status'] = this.status;
+    if (this.requestId !== undefined) out['requestId'] = this.requestId;
+    return out;
+  }
+}
+
+/** What a fingerprint covers; a mismatch names the first of these that changed. */
+export type FingerprintField =
+  | 'input'
+  | 'systemPrompt'
+  | 'model'
+  | 'provider'
+  | 'pricing'
+  | 'tools'
+  | 'settings'
+  | 'policyVersion'
+  | 'toggles'
+  | 'mode';
+
+const CHANGED: Record<FingerprintField, [what: string, restore: string]> = {
+  input: ["the step's input changed", 'the previous input'],
+  systemPrompt: ['the system prompt changed', 'the previous prompt'],
+  model: ["the agent's model changed", 'the previous model'],
+  provider: ["the agent's provider (provider.baseURL) changed", 'the previous provider.baseURL'],
+  pricing: ['the pricing plan changed', 'the previous pricing plan'],
+  tools: [
+    "the agent's tools changed (a tool was added, removed or renamed, or its input schema changed)",
+    'the previous tools',
+  ],
+  settings: [
+    "the agent's settings (temperature, maxTokens, seed, topP) changed",
+    'the previous settings',
+  ],
+  policyVersion: ['the policy version changed', 'the previous policy version'],
+  toggles: [
+    "the step's run-shaping options (enforceIdempotency, blobThresholdBytes, historyMaxTokens) changed",
+    'the previous options',
+  ],
+  mode: ["the step's execution mode (atomic or granular) changed", 'the previous mode'],
+};
+
+/** Where a resume was refused. */
+export interface ResumeErrorInit {
+  /** True when resuming later (e.g. from the last committed turn) can succeed; sets `retryable`. */
+  recoverable: boolean;
+  /** For a fingerprint mismatch: what changed. */
+  field?: FingerprintField;
+  runId?: string;
+  stepId?: string;
+}
+
+/**
+ * A run cannot resume as asked. Recoverable (retryable) for a gap in the turns, which a resume from
+ * the last committed turn heals; irrecoverable for a fingerprint mismatch, where `field` names what
+ * changed since the run started and nothing runs.
+ */
+export class ResumeError extends FlujoError {
+  override name = 'ResumeError';
+  readonly code = ErrorCode.ResumeError;
+  readonly recoverable: boolean;
+  readonly field: FingerprintField | undefined;
+  readonly runId: string | undefined;
+  readonly stepId: string | undefined;
+  constructor(
+    message: string,
+    init: ResumeErrorInit,
+    options?: Omit<FlujoErrorOptions, 'retryable'>,
+  ) {
+    super(message, init.recoverable, options);
+    this.recoverable = init.recoverable;
+    this.field = init.field;
+    this.runId = init.runId;
+    this.stepId = init.stepId;
+  }
+
+  /** The irrecoverable error for a fingerprint mismatch on `field`, with the fix in its message. */
+  static fingerprintMismatch(
+    field: FingerprintField,
+    where: { runId?: string; stepId?: string } = {},
+    options?: Omit<FlujoErrorOptions, 'retryable'>,
+  ): ResumeError {
+    const [what, restore] = CHANGED[field];
+    const step = where.stepId === undefined ? 'the step' : `step "${where.stepId}"`;
+    const run = where.runId === undefined ? '' : ` of run "${where.runId}"`;
+    return new ResumeError(
+      `Cannot resume ${step}${run}: fingerprint mismatch: ${what} since the run started; start a new run, or restore ${restore} to resume.`,
+      { recoverable: false, field, ...where },
+      options,
+    );
+  }
+
+  override get details(): unknown {
+    const out: Record<string, unknown> = { recoverable: this.recoverable };
+    if (this.field !== undefined) out['field'] = this.field;
+    if (this.runId !== undefined) out['runId'] = this.runId;
+    if (this.stepId !== undefined) out['stepId'] = this.stepId;
+    return out;
   }
 }
 
