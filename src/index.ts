@@ -10,20 +10,32 @@
 
 // Errors: every error has `name`, `code` and `retryable`, and survives JSON.
 export {
+  BudgetExceededError,
+  ConfigurationError,
   ErrorCode,
   EventValidationError,
   FlujoError,
   InputValidationError,
   InvariantError,
+  LedgerStateError,
+  ModelError,
+  NonDeterminismError,
   PlanValidationError,
   RedisUnavailableError,
+  ResumeError,
   RevivedError,
   RunAlreadyExistsError,
   RunNotFoundError,
+  RunNotResumableError,
   SnapshotConflictError,
   SnapshotCorruptError,
   SnapshotUnsupportedError,
+  StepNotWaitingError,
+  ToolCallBusyError,
+  ToolInputError,
+  ToolOutcomeUnknownError,
   UnknownError,
+  UnknownToolError,
   findCause,
   isFlujoError,
   isRetryable,
@@ -151,3 +163,16 @@ export type { RunSummary } from './actors/run-host.js';
 // Tools: definitions checked once; every call from a step goes through the ledger.
 export { defineTool } from './tools/define-tool.js';
 export type { ToolContext, ToolDefinition, ToolSpec } from './tools/define-tool.js';
+
+// Tools: definitions, classification, the ledger.
+export { classifyTool } from './tools/classify.js';
+export type { ToolClass } from './tools/classify.js';
+export { createToolRegistry } from './tools/registry.js';
+export type { ToolRegistry } from './tools/registry.js';
+export { LedgerState } from './persistence/ledger.js';
+export type { LedgerEntry } from './persistence/ledger.js';
+
+// Agents: definitions and the resume fingerprint (the agent step itself comes with the agent runtime).
+export { defineAgent } from './agents/define-agent.js';
+export type { AgentDefinition, AgentSettings, AgentSpec } from './agents/define-agent.js';
+export type { ChatMessage, ModelReply, ToolCall } from './llm/messages.js';
