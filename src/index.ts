@@ -176,3 +176,4 @@ export type { LedgerEntry } from './persistence/ledger.js';
 export { defineAgent } from './agents/define-agent.js';
 export type { AgentDefinition, AgentSettings, AgentSpec } from './agents/define-agent.js';
 export type { ChatMessage, ModelReply, ToolCall } from './llm/messages.js';
+export { AGENT_LOOP_DEFAULTS, Pipeline, Step, plan } from './plan/builders.js';
