@@ -17,6 +17,7 @@ export const ErrorCode = {
   RunAlreadyExists: 'run_already_exists',
   SnapshotUnsupported: 'snapshot_unsupported',
   SnapshotCorrupt: 'snapshot_corrupt',
+  HistoryConflict: 'history_conflict',
   RedisUnavailable: 'redis_unavailable',
   Invariant: 'invariant',
   Unknown: 'unknown',
@@ -256,6 +257,36 @@ export class SnapshotCorruptError extends FlujoError {
   }
   override get details(): unknown {
     return { runId: this.runId };
+  }
+}
+
+/**
+ * An append to a step's history expected another length: another writer appended first (or the
+ * caller's cursor is stale). Nothing was written. Retryable: reload the run and decide again.
+ */
+export class HistoryConflictError extends FlujoError {
+  override name = 'HistoryConflictError';
+  readonly code = ErrorCode.HistoryConflict;
+  constructor(
+    readonly runId: string,
+    readonly stepId: string,
+    readonly expectedLength: number,
+    readonly actualLength: number,
+    options?: FlujoErrorOptions,
+  ) {
+    super(
+      `History conflict on step "${stepId}" of run "${runId}": expected ${expectedLength} messages, found ${actualLength}. Another writer appended first; reload the run and decide again.`,
+      true,
+      options,
+    );
+  }
+  override get details(): unknown {
+    return {
+      runId: this.runId,
+      stepId: this.stepId,
+      expectedLength: this.expectedLength,
+      actualLength: this.actualLength,
+    };
   }
 }
 

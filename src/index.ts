@@ -14,6 +14,7 @@ export {
   ConfigurationError,
   ErrorCode,
   EventValidationError,
+  HistoryConflictError,
   FlujoError,
   InputValidationError,
   InvariantError,
@@ -177,3 +178,7 @@ export { defineAgent } from './agents/define-agent.js';
 export type { AgentDefinition, AgentSettings, AgentSpec } from './agents/define-agent.js';
 export type { ChatMessage, ModelReply, ToolCall } from './llm/messages.js';
 export { AGENT_LOOP_DEFAULTS, Pipeline, Step, plan } from './plan/builders.js';
+
+// Agent turn storage: the model-reply journal and the append-only history.
+export { createModelJournal } from './persistence/model-journal.js';
+export { createHistoryStore } from './persistence/history.js';

@@ -3,6 +3,7 @@
  * `{<runId>}`, so Redis Cluster places them in one slot and a transaction may touch them together.
  */
 import { InputValidationError } from '../errors.js';
+import { STEP_ID_PATTERN } from '../plan/schema.js';
 
 /** The default key prefix. */
 export const DEFAULT_KEY_PREFIX = 'flujo';
@@ -21,8 +22,10 @@ export const RunKeyKind = {
   Events: 'events',
   /** The tool-call ledger. */
   Ledger: 'ledger',
-  /** The model-response journal. */
+  /** HASH: the model-response journal, field `<stepId>:<turn>`. */
   Journal: 'journal',
+  /** LIST per step: a step's conversation history, `<prefix>:{<runId>}:history:<stepId>`. */
+  History: 'history',
   /** Offloaded large values. */
   Blobs: 'blobs',
   /** HASH: what the run was started with (plan, input, tenant, request key). */
@@ -50,6 +53,11 @@ export interface Keys {
   ledger(runId: string, tenantId?: string): string;
   /** The run's model-response journal. */
   journal(runId: string): string;
+  /**
+   * A step's conversation history (LIST, append-only): `<prefix>:{<runId>}:history:<stepId>` (the
+   * step after the hash tag keeps the run in one slot). `stepId` must match `STEP_ID_PATTERN`.
+   */
+  history(runId: string, stepId: string): string;
   /** The run's offloaded blobs. */
   blobs(runId: string): string;
   /** What the run was started with (HASH). */
@@ -77,6 +85,18 @@ export function assertTenantId(tenantId: unknown, field = 'tenantId'): asserts t
   const problem = runIdProblem(tenantId);
   if (problem !== undefined) {
     throw new InputValidationError('tenant id', [{ path: field, message: problem }]);
+  }
+}
+
+/** Throws {@link InputValidationError} naming `field` unless `stepId` matches `STEP_ID_PATTERN`. */
+export function assertStepId(stepId: unknown, field = 'stepId'): asserts stepId is string {
+  if (typeof stepId !== 'string' || !STEP_ID_PATTERN.test(stepId)) {
+    throw new InputValidationError('step id', [
+      {
+        path: field,
+        message: `must be 1 to 128 letters, digits, "_", "." or "-", starting with a letter or digit, got ${JSON.stringify(stepId)}`,
+      },
+    ]);
   }
 }
 
@@ -128,6 +148,11 @@ export function createKeys(prefix: string = DEFAULT_KEY_PREFIX): Keys {
       return `${key}:${tenantId}`;
     },
     journal: (runId) => runKey(runId, RunKeyKind.Journal),
+    history: (runId, stepId) => {
+      const key = runKey(runId, RunKeyKind.History);
+      assertStepId(stepId);
+      return `${key}:${stepId}`;
+    },
     blobs: (runId) => runKey(runId, RunKeyKind.Blobs),
     meta: (runId) => runKey(runId, RunKeyKind.Meta),
     counters: (runId) => runKey(runId, RunKeyKind.Counters),

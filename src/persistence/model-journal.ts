@@ -1,0 +1,208 @@
+/**
+ * The model journal (DESIGN §3 step 5): every model reply of a granular agent turn is recorded
+ * before any tool of that turn runs, so a worker that dies after the model call never re-asks the
+ * model and never produces different tool calls for the same turn. One Redis HASH per run (the
+ * `journal` key), field `<stepId>:<turn>`, value the reply as JSON. The first recorded reply of a
+ * turn wins and is never overwritten; every later caller gets it back.
+ */
+import type { Redis } from 'ioredis';
+import { InputValidationError, InvariantError, SnapshotCorruptError } from '../errors.js';
+import { modelReplySchema, type ModelReply } from '../llm/messages.js';
+import { zodIssuesToValidationIssues } from '../schemas/issues.js';
+import { assertStepId, createKeys } from './keys.js';
+import { classifyRedisError } from './redis-errors.js';
+
+/** Options of {@link createModelJournal}. */
+export interface ModelJournalOptions {
+  /** The client to use. It stays the caller's to close. */
+  redis: Redis;
+  /**
+   * The key prefix (see `createKeys`).
+   * @defaultValue `'flujo'`
+   */
+  prefix?: string;
+}
+
+/** What {@link ModelJournal.record} returns. */
+export interface RecordedReply {
+  /** The journaled reply of the turn: the caller's when `recorded`, else the one recorded first. */
+  reply: ModelReply;
+  /** True when this call recorded the reply; false when the turn already had one. */
+  recorded: boolean;
+}
+
+/** Model replies per run, step and turn, first writer wins. */
+export interface ModelJournal {
+  /**
+   * Records `reply` as the reply of turn `turn` of step `stepId` unless the turn already has one,
+   * and returns the journaled reply. Validates `reply` (`InputValidationError`) before any I/O.
+   * Throws `SnapshotCorruptError` when the stored reply is unreadable.
+   */
+  record(runId: string, stepId: string, turn: number, reply: ModelReply): Promise<RecordedReply>;
+  /** The journaled reply of the turn, or null. Throws `SnapshotCorruptError` when it is unreadable. */
+  get(runId: string, stepId: string, turn: number): Promise<ModelReply | null>;
+  /**
+   * Deletes the replies of step `stepId` from turn `fromTurn` on (for tests and maintenance: a
+   * live run relies on its journal). Returns how many were deleted.
+   */
+  drop(runId: string, stepId: string, fromTurn: number): Promise<number>;
+}
+
+/*
+ * drop: deletes the journal fields `<stepId>:<turn>` with turn ≥ fromTurn.
+ *   KEYS[1]  the run's journal hash
+ *   ARGV[1]  `<stepId>:` (the field prefix; step ids never contain ':')
+ *   ARGV[2]  fromTurn
+ *   Returns  the number of fields deleted
+ */
+const DROP_LUA = `
+local prefix = ARGV[1]
+local from = tonumber(ARGV[2])
+local n = 0
+for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if string.sub(field, 1, #prefix) == prefix then
+    local rest = string.sub(field, #prefix + 1)
+    if string.match(rest, '^%d+$') and tonumber(rest) >= from then
+      n = n + redis.call('HDEL', KEYS[1], field)
+    end
+  end
+end
+return n
+`;
+
+/** Bump when the script changes meaning, so clients never mix versions under one command name. */
+const JOURNAL_SCRIPT_VERSION = 1;
+const DROP_COMMAND = `flujoJournal_drop_v${JOURNAL_SCRIPT_VERSION}`;
+
+function assertTurn(turn: number, path = 'turn'): void {
+  if (!Number.isSafeInteger(turn) || turn < 0) {
+    throw new InputValidationError('model journal argument', [
+      { path, message: `must be an integer ≥ 0, got ${turn}` },
+    ]);
+  }
+}
+
+/** The journal field of a turn. */
+export function journalField(stepId: string, turn: number): string {
+  return `${stepId}:${turn}`;
+}
+
+function decode(runId: string, stepId: string, turn: number, raw: string): ModelReply {
+  const where = `model journal entry of step "${stepId}" turn ${turn}`;
+  let json: unknown;
+  try {
+    json = JSON.parse(raw);
+  } catch (error) {
+    throw new SnapshotCorruptError(runId, `${where} is not JSON`, { cause: error });
+  }
+  const parsed = modelReplySchema.safeParse(json);
+  if (!parsed.success) {
+    const issues = zodIssuesToValidationIssues(parsed.error.issues)
+      .map((i) => `${i.path === '' ? '(root)' : i.path}: ${i.message}`)
+      .join('; ');
+    throw new SnapshotCorruptError(runId, `${where} is not a model reply (${issues})`, {
+      cause: parsed.error,
+    });
+  }
+  return parsed.data;
+}
+
+/** Creates the Redis-backed {@link ModelJournal}. */
+export function createModelJournal(options: ModelJournalOptions): ModelJournal {
+  const { redis } = options;
+  const keys = createKeys(options.prefix);
+  // ioredis runs EVALSHA and falls back to EVAL after a NOSCRIPT (e.g. a restarted server).
+  redis.defineCommand(DROP_COMMAND, { numberOfKeys: 1, lua: DROP_LUA });
+
+  /*
+   * record: first writer wins per (run, step, turn).
+   *   Written keys:  journal (HSETNX field reply), in one MULTI/EXEC with the read below
+   *   Reads:         journal (HGET field), after the HSETNX, so it is the reply that won
+   *   Returns:       { reply: the stored reply, recorded: HSETNX said 1 }
+   *   Throws:        InputValidationError (before any I/O), SnapshotCorruptError (stored reply
+   *                  unreadable), RedisUnavailableError
+   */
+  async function record(
+    runId: string,
+    stepId: string,
+    turn: number,
+    reply: ModelReply,
+  ): Promise<RecordedReply> {
+    const key = keys.journal(runId);
+    assertStepId(stepId);
+    assertTurn(turn);
+    const parsed = modelReplySchema.safeParse(reply);
+    if (!parsed.success) {
+      throw new InputValidationError(
+        'model reply',
+        zodIssuesToValidationIssues(parsed.error.issues, 'reply'),
+      );
+    }
+    const field = journalField(stepId, turn);
+    const encoded = JSON.stringify(parsed.data);
+    let replies: [Error | null, unknown][] | null;
+    try {
+      replies = await redis.multi().hsetnx(key, field, encoded).hget(key, field).exec();
+    } catch (error) {
+      throw classifyRedisError(error, redis);
+    }
+    if (replies === null || replies.length !== 2) {
+      throw new InvariantError(
+        `EXEC of the journal record of run "${runId}" step "${stepId}" turn ${turn} returned ${replies === null ? 'null' : `${replies.length} replies`}, expected 2`,
+      );
+    }
+    const [[setError, set], [getError, stored]] = replies as [
+      [Error | null, unknown],
+      [Error | null, unknown],
+    ];
+    const error = setError ?? getError;
+    if (error !== null) throw classifyRedisError(error, redis);
+    if (set === 1) return { reply: parsed.data, recorded: true };
+    if (typeof stored !== 'string') {
+      throw new InvariantError(
+        `the journal of run "${runId}" holds no reply for step "${stepId}" turn ${turn} right after HSETNX refused to write one`,
+      );
+    }
+    return { reply: decode(runId, stepId, turn, stored), recorded: false };
+  }
+
+  /*
+   * get: reads one turn's reply.
+   *   Reads:    journal (HGET field)
+   *   Returns:  the reply, or null when the turn has none
+   *   Throws:   SnapshotCorruptError, RedisUnavailableError
+   */
+  async function get(runId: string, stepId: string, turn: number): Promise<ModelReply | null> {
+    const key = keys.journal(runId);
+    assertStepId(stepId);
+    assertTurn(turn);
+    let raw: string | null;
+    try {
+      raw = await redis.hget(key, journalField(stepId, turn));
+    } catch (error) {
+      throw classifyRedisError(error, redis);
+    }
+    return raw === null ? null : decode(runId, stepId, turn, raw);
+  }
+
+  /*
+   * drop: deletes a step's replies from a turn on.
+   *   Written keys:  journal (HDEL, by the Lua script DROP_LUA, atomically)
+   *   Returns:       how many replies were deleted
+   */
+  async function drop(runId: string, stepId: string, fromTurn: number): Promise<number> {
+    const key = keys.journal(runId);
+    assertStepId(stepId);
+    assertTurn(fromTurn, 'fromTurn');
+    const command = (redis as unknown as Record<string, (...a: string[]) => Promise<number>>)[
+      DROP_COMMAND
+    ]!;
+    try {
+      return await command.call(redis, key, `${stepId}:`, String(fromTurn));
+    } catch (error) {
+      throw classifyRedisError(error, redis);
+    }
+  }
+
+  return { record, get, drop };
+}
