@@ -14,6 +14,7 @@ import { createLedger, type Ledger } from '../../src/persistence/ledger.js';
 import { callTool, type CallToolOptions } from '../../src/tools/call-tool.js';
 import { defineTool, type ToolContext } from '../../src/tools/define-tool.js';
 import { connect, deletePrefix, testPrefix } from '../helpers/redis.js';
+import { caught } from '../helpers/caught.js';
 
 /** A retryable failure, as a tool would raise for a timeout. */
 class FlakyError extends FlujoError {
@@ -51,12 +52,6 @@ const keyed = () =>
 const total = (): number => [...effects.values()].reduce((a, b) => a + b, 0);
 const call = (over: Partial<CallToolOptions> = {}) =>
   callTool({ ledger, tool: plain(), args: { to: 'ann' }, ctx, ...over });
-const caught = async (p: Promise<unknown>): Promise<unknown> =>
-  p.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-
 /** Leaves the call as a crashed worker would: RUNNING, then the lease runs out. */
 async function crashMidCall(callId: string, tool = 'send_email@1'): Promise<void> {
   await ledger.prepare({ ...ctx, callId, tool, args: { to: 'ann', subject: 'hello' } });

@@ -9,6 +9,7 @@ import type { ChatMessage } from '../../src/llm/messages.js';
 import { createHistoryStore, type HistoryStore } from '../../src/persistence/history.js';
 import { createKeys } from '../../src/persistence/keys.js';
 import { connect, deletePrefix, testPrefix } from '../helpers/redis.js';
+import { caught } from '../helpers/caught.js';
 
 let redis: Redis;
 let prefix: string;
@@ -35,12 +36,6 @@ const conversation: ChatMessage[] = [
   { role: 'assistant', content: 'done' },
   { role: 'assistant', content: '', tool_calls: [] },
 ];
-
-const caught = async (p: Promise<unknown>): Promise<unknown> =>
-  p.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
 
 beforeAll(() => {
   redis = connect();

@@ -18,6 +18,7 @@ import {
   type PrepareCall,
 } from '../../src/persistence/ledger.js';
 import { connect, deletePrefix, testPrefix } from '../helpers/redis.js';
+import { caught } from '../helpers/caught.js';
 
 let redis: Redis;
 let prefix: string;
@@ -35,11 +36,6 @@ const call = (over: Partial<PrepareCall> = {}): PrepareCall => ({
   args: { to: 'a@b.co', n: 1 },
   ...over,
 });
-const caught = async (p: Promise<unknown>): Promise<unknown> =>
-  p.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
 const finalError = new UnknownError('card declined').toJSON();
 const retryableError = new RedisUnavailableError('flaky').toJSON();
 

@@ -5,6 +5,7 @@ import type { ModelReply } from '../../src/llm/messages.js';
 import { createKeys } from '../../src/persistence/keys.js';
 import { createModelJournal, type ModelJournal } from '../../src/persistence/model-journal.js';
 import { connect, deletePrefix, testPrefix } from '../helpers/redis.js';
+import { caught } from '../helpers/caught.js';
 
 let redis: Redis;
 let prefix: string;
@@ -23,12 +24,6 @@ const reply = (n: number): ModelReply => ({
   model: 'gpt-test',
   requestId: `req-${n}`,
 });
-
-const caught = async (p: Promise<unknown>): Promise<unknown> =>
-  p.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
 
 beforeAll(() => {
   redis = connect();

@@ -14,6 +14,7 @@ import {
   type RecordedRequest,
   type ScriptedModelServer,
 } from '../../src/testing/index.js';
+import { caught } from '../helpers/caught.js';
 
 let server: ScriptedModelServer;
 let client: OpenAI;
@@ -34,11 +35,6 @@ const askStream = (content: string, includeUsage = false) =>
     stream: true,
     ...(includeUsage ? { stream_options: { include_usage: true } } : {}),
   });
-const caught = async (p: Promise<unknown>): Promise<unknown> =>
-  p.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
 const fnCalls = (calls: readonly unknown[] | undefined) =>
   (calls ?? []) as ChatCompletionMessageFunctionToolCall[];
 
