@@ -29,6 +29,7 @@ export const ErrorCode = {
   ToolUnknown: 'tool_unknown',
   LedgerStateInvalid: 'ledger_state_invalid',
   BudgetExceeded: 'budget_exceeded',
+  MaxTurnsExceeded: 'max_turns_exceeded',
   StepNotWaiting: 'step_not_waiting',
   RunNotResumable: 'run_not_resumable',
   ModelError: 'model_error',
@@ -746,6 +747,26 @@ export class ResumeError extends FlujoError {
     if (this.runId !== undefined) out['runId'] = this.runId;
     if (this.stepId !== undefined) out['stepId'] = this.stepId;
     return out;
+  }
+}
+
+/** An agent step used all its turns without a final answer (a reply with no tool calls). */
+export class MaxTurnsExceededError extends FlujoError {
+  override name = 'MaxTurnsExceededError';
+  readonly code = ErrorCode.MaxTurnsExceeded;
+  constructor(
+    readonly stepId: string,
+    readonly maxTurns: number,
+    options?: FlujoErrorOptions,
+  ) {
+    super(
+      `Agent step "${stepId}" reached maxTurns (${maxTurns}) without a final answer. Raise maxTurns for the step, or tell the agent to answer sooner.`,
+      false,
+      options,
+    );
+  }
+  override get details(): unknown {
+    return { stepId: this.stepId, maxTurns: this.maxTurns };
   }
 }
 

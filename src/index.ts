@@ -19,6 +19,7 @@ export {
   InputValidationError,
   InvariantError,
   LedgerStateError,
+  MaxTurnsExceededError,
   ModelError,
   NonDeterminismError,
   PlanValidationError,

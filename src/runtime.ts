@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { summarize, type RunSummary } from './actors/run-host.js';
 import type { Operator } from './actors/execute-step.js';
 import {
+  ConfigurationError,
   InputValidationError,
   RunAlreadyExistsError,
   RunNotResumableError,
@@ -17,6 +18,7 @@ import type { LedgerEntry } from './persistence/ledger.js';
 import type { StoredRunEvent } from './persistence/snapshot-store.js';
 import type { StepOutcome } from './schemas/outcomes.js';
 import type { ToolDefinition } from './tools/define-tool.js';
+import type { AgentDefinition } from './agents/define-agent.js';
 import { RuntimeCore, type CoreOptions } from './worker/core.js';
 import { eventsOf, outcomesOf } from './worker/streams.js';
 import { startWorker, type FlujoWorker, type WorkerOptions } from './worker/worker.js';
@@ -27,6 +29,8 @@ export interface RuntimeOptions extends CoreOptions {
   operators?: Record<string, Operator>;
   /** Tools (more with `runtime.tool`). */
   tools?: readonly ToolDefinition[];
+  /** Agents (more with `runtime.agent`). */
+  agents?: readonly AgentDefinition[];
 }
 
 /** Options of {@link Runtime.start}. */
@@ -80,6 +84,8 @@ export interface Runtime {
   operator(name: string, fn: Operator): Runtime;
   /** Registers a tool. */
   tool(definition: ToolDefinition): Runtime;
+  /** Registers an agent (see `defineAgent`); agent steps name it. */
+  agent(definition: AgentDefinition): Runtime;
   /** Starts a run of `plan` (validated) with `input` (plain JSON). */
   start(
     plan: Plan | PlanInput | string,
@@ -143,6 +149,7 @@ export function createRuntime(options: RuntimeOptions): Runtime {
   const core = new RuntimeCore(options);
   for (const [name, fn] of Object.entries(options.operators ?? {})) core.operators.set(name, fn);
   for (const tool of options.tools ?? []) core.tools.register(tool);
+  for (const agent of options.agents ?? []) core.agents.set(agent.name, agent);
 
   async function report(runId: string): Promise<RunReport> {
     const env = await core.store.load(runId);
@@ -232,6 +239,15 @@ export function createRuntime(options: RuntimeOptions): Runtime {
     },
     tool(definition) {
       core.tools.register(definition);
+      return runtime;
+    },
+    agent(definition) {
+      if (core.agents.has(definition.name)) {
+        throw new ConfigurationError(
+          `an agent named "${definition.name}" is already registered; give each agent its own name`,
+        );
+      }
+      core.agents.set(definition.name, definition);
       return runtime;
     },
 

@@ -12,6 +12,9 @@ import type { PlanStep } from '../plan/schema.js';
 import type { Ledger } from '../persistence/ledger.js';
 import { callTool } from '../tools/call-tool.js';
 import type { ToolRegistry } from '../tools/registry.js';
+import type { AgentDefinition } from '../agents/define-agent.js';
+import type { ModelClient } from '../llm/openai-client.js';
+import { runAtomicAgent } from './run-agent.js';
 
 /** What an operator receives. */
 export interface OperatorContext {
@@ -46,6 +49,8 @@ export type Operator = (context: OperatorContext) => unknown;
 /** Everything a step execution needs from the worker. */
 export interface StepExecutionDeps {
   operators: ReadonlyMap<string, Operator>;
+  agents: ReadonlyMap<string, AgentDefinition>;
+  clientFor: (agent: AgentDefinition) => ModelClient;
   tools: ToolRegistry;
   ledger: Ledger;
   /** Counts a tool call against the run's budget; returns the count including this call. */
@@ -130,10 +135,30 @@ export async function executeStep(
       case 'human_gate':
         // The gate was approved (that is how the step got to run): its output is the decision.
         return { approvedBy: state.approval?.by ?? null, comment: state.approval?.comment ?? null };
-      case 'agent':
-        throw new ConfigurationError(
-          `step "${step.id}" is an agent step; agent steps are not available in this release of the worker`,
+      case 'agent': {
+        const agent = deps.agents.get(step.agent);
+        if (agent === undefined) {
+          const known = [...deps.agents.keys()].join(', ') || '(none)';
+          throw new ConfigurationError(
+            `no agent "${step.agent}" is registered in this worker (step "${step.id}"); register it with runtime.agent(defineAgent({ name: "${step.agent}", … })). Registered: ${known}`,
+          );
+        }
+        if (step.mode === 'granular') {
+          throw new ConfigurationError(
+            `step "${step.id}" asks for mode "granular", which this release does not run yet; use mode "atomic" (the default)`,
+          );
+        }
+        const result = await runAtomicAgent(
+          {
+            ledger: deps.ledger,
+            leaseMs: deps.leaseMs,
+            clientFor: deps.clientFor,
+            beforeToolRun: () => countToolCall(deps, runId),
+          },
+          { agent, step, input, runId, tenantId, attempt: state.attempt, signal },
         );
+        return result;
+      }
       default: {
         const name = step.kind === 'operator' ? step.operator : step.policy;
         const op = deps.operators.get(name);
@@ -179,15 +204,18 @@ function stepTools(
         args,
         ctx,
         leaseMs: deps.leaseMs,
-        beforeRun: async () => {
-          // Only calls that will really run count; a replayed receipt is free.
-          const used = await deps.countToolCall(ctx.runId);
-          if (deps.maxToolCalls !== undefined && used > deps.maxToolCalls) {
-            throw new BudgetExceededError('maxToolCalls', deps.maxToolCalls, used);
-          }
-        },
+        // Only calls that will really run count; a replayed receipt is free.
+        beforeRun: () => countToolCall(deps, ctx.runId),
       });
       return result.receipt as T;
     },
   };
+}
+
+/** Counts a tool call that will really run against the run's budget. */
+async function countToolCall(deps: StepExecutionDeps, runId: string): Promise<void> {
+  const used = await deps.countToolCall(runId);
+  if (deps.maxToolCalls !== undefined && used > deps.maxToolCalls) {
+    throw new BudgetExceededError('maxToolCalls', deps.maxToolCalls, used);
+  }
 }

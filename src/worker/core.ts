@@ -2,6 +2,8 @@ import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
 import { createRunHost, type AppliedEvent, type RunHost } from '../actors/run-host.js';
 import type { Operator } from '../actors/execute-step.js';
+import { modelClients } from '../actors/run-agent.js';
+import type { AgentDefinition } from '../agents/define-agent.js';
 import { InputValidationError } from '../errors.js';
 import type { JsonValue } from '../internal/json.js';
 import type { RunSnapshot } from '../machines/kernel.js';
@@ -72,6 +74,8 @@ export class RuntimeCore {
   readonly tenantId: string;
   readonly clock: () => number;
   readonly operators = new Map<string, Operator>();
+  readonly agents = new Map<string, AgentDefinition>();
+  readonly clientFor = modelClients();
   readonly tools: ToolRegistry = createToolRegistry();
   readonly #metaCache = new Map<string, RunMeta>();
   // Runs of one plan store the same plan text: validate it once.

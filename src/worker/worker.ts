@@ -161,6 +161,8 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       result = await executeStep(
         {
           operators: core.operators,
+          agents: core.agents,
+          clientFor: core.clientFor,
           tools: core.tools,
           ledger: core.ledger,
           countToolCall: (id) => core.redis.hincrby(core.keys.counters(id), 'toolCalls', 1),
