@@ -171,7 +171,9 @@ export async function connect(options: ConnectOptions): Promise<Connection> {
       runtime ??= createRuntime({
         redis,
         prefix,
-        ...(job === undefined ? {} : { operators: job.operators, tools: job.tools }),
+        ...(job === undefined
+          ? {}
+          : { operators: job.operators, tools: job.tools, agents: job.agents }),
       });
       return runtime;
     },

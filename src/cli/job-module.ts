@@ -1,6 +1,6 @@
 /**
  * Job modules: an ES module (.js, .mjs or .ts) that exports `plan` (an object, JSON text, or a
- * function returning one, possibly async), `operators`, `tools`, a default `input` and an optional
+ * function returning one, possibly async), `operators`, `tools`, `agents`, a default `input` and an optional
  * `setup` hook. Everything is checked here, before the CLI connects to Redis or writes anything.
  */
 import { mkdirSync, statSync } from 'node:fs';
@@ -12,6 +12,7 @@ import { findNonJson, type JsonValue } from '../internal/json.js';
 import { parsePlan } from '../plan/parse-plan.js';
 import type { Plan } from '../plan/schema.js';
 import type { ToolDefinition } from '../tools/define-tool.js';
+import type { AgentDefinition } from '../agents/define-agent.js';
 import { createToolRegistry } from '../tools/registry.js';
 import { badInput } from './exit-codes.js';
 
@@ -33,6 +34,7 @@ export interface JobModule {
   plan: Plan;
   operators: Record<string, Operator>;
   tools: ToolDefinition[];
+  agents: AgentDefinition[];
   /** The module's default run input, if it exports one. */
   input: JsonValue | undefined;
   setup: ((ctx: SetupContext) => Promise<void | Teardown> | void | Teardown) | undefined;
@@ -99,7 +101,14 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
 
   const operators = checkOperators(name, mod['operators']);
   const tools = checkTools(name, mod['tools']);
+  const agents = checkAgents(name, mod['agents']);
   for (const step of plan.steps) {
+    if (step.kind === 'agent' && !agents.some((a) => a.name === step.agent)) {
+      const known = agents.map((a) => a.name).join(', ') || 'none';
+      badInput(
+        `job module ${name}: step "${step.id}" uses agent "${step.agent}", which the module's agents do not define (it defines: ${known}); add defineAgent({ name: "${step.agent}", … }) to \`export const agents\``,
+      );
+    }
     const needed =
       step.kind === 'operator' ? step.operator : step.kind === 'policy_check' ? step.policy : null;
     if (needed !== null && operators[needed] === undefined) {
@@ -130,6 +139,7 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
     plan,
     operators,
     tools,
+    agents,
     input: input as JsonValue | undefined,
     setup: setup as JobModule['setup'],
   };
@@ -177,4 +187,18 @@ export async function runSetup(job: JobModule, cwd: string): Promise<Teardown> {
   mkdirSync(dataDir, { recursive: true });
   const teardown = await job.setup({ dataDir });
   return typeof teardown === 'function' ? teardown : () => {};
+}
+
+function checkAgents(name: string, value: unknown): AgentDefinition[] {
+  if (value === undefined) return [];
+  const fix = 'export agents as an array of defineAgent({ … }) definitions';
+  if (!Array.isArray(value)) badInput(`job module ${name}: agents is not an array; ${fix}`);
+  const agents = value as unknown[];
+  agents.forEach((agent, i) => {
+    const named = agent as { name?: unknown; model?: unknown } | null;
+    if (typeof named?.name !== 'string' || typeof named.model !== 'string') {
+      badInput(`job module ${name}: agents[${i}] is not an agent definition; ${fix}`);
+    }
+  });
+  return agents as AgentDefinition[];
 }
