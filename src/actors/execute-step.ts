@@ -1,11 +1,10 @@
-import { createHash } from 'node:crypto';
-import canonicalize from 'canonicalize';
 import {
   BudgetExceededError,
   ConfigurationError,
   toFlujoError,
   type SerializedError,
 } from '../errors.js';
+import { canonicalHash } from '../internal/canonical-hash.js';
 import { findNonJson, type JsonValue } from '../internal/json.js';
 import type { StepState } from '../machines/kernel.js';
 import type { PlanStep } from '../plan/schema.js';
@@ -65,10 +64,7 @@ export type StepResult =
   | { kind: 'failed'; error: SerializedError }
   | { kind: 'budget'; error: BudgetExceededError };
 
-const sha256 = (value: unknown): string =>
-  createHash('sha256')
-    .update(canonicalize(value) ?? '')
-    .digest('hex');
+const sha256 = (value: unknown): string => canonicalHash(value, 'idempotency key inputs');
 
 function pick(input: JsonValue, path: string): JsonValue | null {
   let cur: JsonValue | undefined = input;

@@ -4,8 +4,7 @@
  * code or the input changed under a running step, and the step must not go on. Each field is also
  * hashed on its own, so a mismatch names what changed. The API key is never part of it.
  */
-import { createHash } from 'node:crypto';
-import canonicalize from 'canonicalize';
+import { canonicalHash } from '../internal/canonical-hash.js';
 import { ResumeError, type FingerprintField } from '../errors.js';
 import { assertPlainJson, type JsonObject, type JsonValue } from '../internal/json.js';
 import type { ToolDefinition } from '../tools/define-tool.js';
@@ -58,13 +57,8 @@ export interface AgentFingerprint {
   parts: Record<FingerprintField, string>;
 }
 
-function sha256(text: string): string {
-  return createHash('sha256').update(text, 'utf8').digest('hex');
-}
-
 function hashJson(value: JsonValue): string {
-  // canonicalize returns undefined only for undefined, which JsonValue excludes.
-  return sha256(canonicalize(value) ?? 'null');
+  return canonicalHash(value, 'fingerprint part');
 }
 
 const schemaHashes = new WeakMap<object, string>();

@@ -2,19 +2,8 @@
  * Deterministic ids of tool calls: the ledger call id (also the idempotency key a tool receives)
  * and the args hash, both SHA-256 of canonical JSON (RFC 8785), so key order never matters.
  */
-import { createHash } from 'node:crypto';
-import canonicalize from 'canonicalize';
-import { InputValidationError } from '../errors.js';
+import { canonicalHash as sha256Canonical } from '../internal/canonical-hash.js';
 import { assertPlainJson, type JsonValue } from '../internal/json.js';
-
-/** SHA-256 (hex) of the canonical JSON (RFC 8785) of `value`. */
-function sha256Canonical(value: unknown, what: string): string {
-  const text = canonicalize(value);
-  if (text === undefined) {
-    throw new InputValidationError(what, [{ path: '', message: 'has no JSON form' }]);
-  }
-  return createHash('sha256').update(text, 'utf8').digest('hex');
-}
 
 /** SHA-256 (hex) of the canonical JSON of `args`: key order does not matter. */
 export function argsHash(args: JsonValue): string {
