@@ -1,7 +1,8 @@
-import { InvariantError, SnapshotConflictError } from '../errors.js';
+import { SnapshotConflictError } from '../errors.js';
 import type { JsonValue } from '../internal/json.js';
 import {
   openRun,
+  runStatus,
   runSteps,
   startRun,
   validateRunEvent,
@@ -210,7 +211,7 @@ export function createRunHost({
       let envelope = loaded ?? (await store.load(runId));
       for (let conflicts = 0; ; conflicts++) {
         const valid = validateRunEvent(envelope.snapshot, event);
-        const status = statusBefore(envelope.snapshot);
+        const status = runStatus(envelope.snapshot);
         const run = open.take(runId, envelope.version) ?? openRun(envelope.snapshot);
         const t = run.send(valid);
         if (!t.accepted) {
@@ -234,18 +235,4 @@ export function createRunHost({
       }
     },
   };
-}
-
-function statusBefore(snapshot: RunSnapshot): RunStatus {
-  const value = snapshot.value;
-  if (
-    value === 'running' ||
-    value === 'waiting' ||
-    value === 'succeeded' ||
-    value === 'failed' ||
-    value === 'cancelled'
-  ) {
-    return value;
-  }
-  throw new InvariantError(`run snapshot in unknown state "${value}"`);
 }

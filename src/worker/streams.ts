@@ -1,3 +1,4 @@
+import { RunNotFoundError } from '../errors.js';
 import type { JsonValue } from '../internal/json.js';
 import type { StepStatus } from '../machines/types.js';
 import type { StoredRunEvent } from '../persistence/snapshot-store.js';
@@ -21,8 +22,8 @@ export async function* eventsOf(
   options: StreamOptions = {},
 ): AsyncGenerator<StoredRunEvent> {
   let after = options.after;
-  // Read what is there (this also checks that the run exists).
-  await core.store.load(runId);
+  // A run that does not exist is an error, not an empty stream.
+  if ((await core.store.version(runId)) === null) throw new RunNotFoundError(runId);
   for (;;) {
     const batch = await core.store.readEvents(runId, after === undefined ? {} : { after });
     for (const e of batch) {

@@ -120,7 +120,8 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     const stepId = data.stepId!;
     const attempt = data.attempt!;
     let env = await core.host.load(runId);
-    const state = runSteps(env.snapshot).find((s) => s.stepId === stepId);
+    const all = runSteps(env.snapshot);
+    const state = all.find((s) => s.stepId === stepId);
     // The guard: this attempt was already committed (or cancelled). Redelivered jobs are
     // harmless, and enqueueing what is due heals a crash between a commit and its enqueue.
     if (state === undefined || state.status !== 'RUNNING' || state.attempt !== attempt) {
@@ -138,14 +139,13 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       });
       return 'budget';
     }
-    const used = runSteps(env.snapshot).reduce((n, s) => n + s.attempt, 0);
+    const used = all.reduce((n, s) => n + s.attempt, 0);
     if (budgets?.maxSteps !== undefined && used > budgets.maxSteps) {
       await stopForBudget(runId, env, { budget: 'maxSteps', limit: budgets.maxSteps, used });
       return 'budget';
     }
 
     const step = meta.plan.steps.find((s) => s.id === stepId)!;
-    const all = runSteps(env.snapshot);
     const depOutputs: Record<string, JsonValue> = {};
     for (const d of step.dependsOn) {
       const out = all.find((s) => s.stepId === d)?.output;
