@@ -5,11 +5,11 @@
  *
  * Two ways to append:
  * - {@link HistoryStore.append}: standalone, atomic compare-and-append on the list's own length.
- * - {@link HistoryStore.queueAppend}: adds the append to the caller's MULTI, so an agent turn
- *   commits its messages and its snapshot (with the new cursor) in one MULTI/EXEC. The keys share
- *   the run's hash tag, so the transaction is valid on Redis Cluster too.
+ * - {@link HistoryStore.appendOp}: the same compare-and-append as part of a snapshot commit, so an
+ *   agent turn commits its messages and its snapshot (with the new cursor) in one atomic step. The
+ *   keys share the run's hash tag, so this is valid on Redis Cluster too.
  */
-import type { ChainableCommander, Redis } from 'ioredis';
+import type { Redis } from 'ioredis';
 import {
   HistoryConflictError,
   InputValidationError,
@@ -20,6 +20,7 @@ import { chatMessageSchema, type ChatMessage } from '../llm/messages.js';
 import { zodIssuesToValidationIssues } from '../schemas/issues.js';
 import { createKeys } from './keys.js';
 import { classifyRedisError } from './redis-errors.js';
+import type { ListAppend } from './snapshot-store.js';
 
 /** Options of {@link createHistoryStore}. */
 export interface HistoryStoreOptions {
@@ -48,7 +49,7 @@ export interface HistoryRange {
 
 /** Append-only message lists, one per run and step. */
 export interface HistoryStore {
-  /** The history's Redis key, for a caller that WATCHes it (see {@link HistoryStore.queueAppend}). */
+  /** The history's Redis key. */
   key(runId: string, stepId: string): string;
   /**
    * Appends `messages` only if the history holds exactly `expectedLength` messages, atomically;
@@ -63,24 +64,17 @@ export interface HistoryStore {
     messages: readonly ChatMessage[],
   ): Promise<number>;
   /**
-   * Queues the append of `messages` on `tx`, a MULTI the caller opened (e.g. on the connection
-   * that WATCHes the run snapshot), and returns how many commands it queued (0 for no messages,
-   * else 1: an RPUSH whose EXEC reply is the new length). Validates every message
-   * (`InputValidationError`) before queueing anything.
-   *
-   * Contract: this does not check the length. The caller makes the append conditional: it WATCHes
-   * the run snapshot (which holds the cursor) before reading it, checks that the history's length
-   * equals the cursor (or WATCHes {@link HistoryStore.key} as well), queues this append and the
-   * snapshot write with cursor `cursor + messages.length` in the same MULTI, and EXECs. When a
-   * watched key changed, EXEC aborts and nothing is appended. All keys of the transaction must
-   * belong to the same run (one hash tag).
+   * The append of `messages` for a snapshot commit (`SnapshotStore.commit(…, { appends })`): the
+   * commit writes them only if the history still holds `expectedLength` messages, and otherwise
+   * fails with `HistoryConflictError` and writes nothing (the snapshot neither). Validates every
+   * message (`InputValidationError`) before any I/O.
    */
-  queueAppend(
-    tx: ChainableCommander,
+  appendOp(
     runId: string,
     stepId: string,
+    expectedLength: number,
     messages: readonly ChatMessage[],
-  ): number;
+  ): ListAppend;
   /** Reads messages `[from, to)`, each validated. Throws `SnapshotCorruptError` for an unreadable one. */
   read(runId: string, stepId: string, range?: HistoryRange): Promise<ChatMessage[]>;
   /** How many messages the history holds (0 when it has none). */
@@ -203,22 +197,20 @@ export function createHistoryStore(options: HistoryStoreOptions): HistoryStore {
     return length;
   }
 
-  /*
-   * queueAppend: queues RPUSH history on the caller's MULTI; no I/O of its own.
-   *   Written keys:  history (RPUSH, when the caller's EXEC runs)
-   *   Returns:       the number of commands queued (0 or 1)
-   */
-  function queueAppend(
-    tx: ChainableCommander,
+  function appendOp(
     runId: string,
     stepId: string,
+    expectedLength: number,
     messages: readonly ChatMessage[],
-  ): number {
+  ): ListAppend {
     const key = keyOf(runId, stepId);
-    const encoded = encodeMessages(messages);
-    if (encoded.length === 0) return 0;
-    tx.rpush(key, ...encoded);
-    return 1;
+    assertCount(expectedLength, 'expectedLength');
+    return {
+      key,
+      expectedLength,
+      values: encodeMessages(messages),
+      conflict: (actual) => new HistoryConflictError(runId, stepId, expectedLength, actual),
+    };
   }
 
   /*
@@ -252,5 +244,5 @@ export function createHistoryStore(options: HistoryStoreOptions): HistoryStore {
     }
   }
 
-  return { key: keyOf, append, queueAppend, read, length };
+  return { key: keyOf, append, appendOp, read, length };
 }

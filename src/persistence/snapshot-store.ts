@@ -1,7 +1,8 @@
 /**
  * The run snapshot store: a versioned envelope per run in a Redis HASH, written with optimistic
- * compare-and-set (WATCH/MULTI/EXEC on a dedicated connection), with the run's events appended to
- * its stream in the same transaction.
+ * compare-and-set, with the run's events appended to its stream (and, for agent turns, messages
+ * appended to a list) in the same atomic step. The compare-and-set runs as a Lua script on the
+ * caller's connection (see `snapshot-lua.ts` for why not WATCH/MULTI/EXEC).
  */
 import type { Redis } from 'ioredis';
 import {
@@ -12,16 +13,10 @@ import {
   SnapshotConflictError,
   SnapshotCorruptError,
 } from '../errors.js';
-import {
-  createSnapshotCodec,
-  toJson,
-  type SnapshotCodec,
-  type SnapshotEnvelope,
-  type SnapshotFields,
-} from './codec.js';
-import { ConnectionPool } from './connection-pool.js';
-import { createKeys } from './keys.js';
-import { classifyRedisError } from './redis-errors.js';
+import { createSnapshotCodec, toJson, type SnapshotCodec, type SnapshotEnvelope } from './codec.js';
+import { createKeys, RunKeyKind } from './keys.js';
+import { classifyRedisError, isConnectionError } from './redis-errors.js';
+import { SNAPSHOT_SCRIPT_VERSION, SNAPSHOT_SCRIPTS } from './snapshot-lua.js';
 
 /** An event recorded in a run's stream: any JSON object with a string `type`. */
 export interface RunEventRecord {
@@ -57,7 +52,7 @@ export interface ReadEventsOptions {
 
 /** Options of {@link createSnapshotStore}. */
 export interface SnapshotStoreOptions<S = unknown> {
-  /** The client for reads; commits use connections duplicated from it. It stays the caller's to close. */
+  /** The client for every read and write (commits are scripts on it). It stays the caller's to close. */
   redis: Redis;
   /**
    * The key prefix (see `createKeys`).
@@ -70,15 +65,29 @@ export interface SnapshotStoreOptions<S = unknown> {
    */
   codec?: SnapshotCodec<S>;
   /**
-   * How many dedicated connections transactions may use at once (WATCH is per connection).
-   * @defaultValue 4
-   */
-  poolSize?: number;
-  /**
    * The clock for `updatedAt`, epoch milliseconds.
    * @defaultValue `Date.now`
    */
   clock?: () => number;
+}
+
+/**
+ * Values to push onto a list of the same run in the commit, only if the list still has
+ * `expectedLength` elements (an append-only log whose length the snapshot tracks).
+ */
+export interface ListAppend {
+  /** The list's key; it must belong to the committing run (same hash tag). */
+  key: string;
+  expectedLength: number;
+  values: readonly string[];
+  /** The error to throw when the list's length differs (nothing is written then). */
+  conflict?: (actualLength: number) => Error;
+}
+
+/** Options of {@link SnapshotStore.commit}. */
+export interface CommitOptions {
+  /** List appends committed with the snapshot, all or nothing. @defaultValue none */
+  appends?: readonly ListAppend[];
 }
 
 /** Persists run snapshots with compare-and-set and appends run events atomically with them. */
@@ -103,7 +112,8 @@ export interface SnapshotStore<S = unknown> {
   tryLoad(runId: string): Promise<SnapshotEnvelope<S> | null>;
   /**
    * Writes `nextSnapshot` as version `expectedVersion + 1` and appends `events`, only if the stored
-   * version is still `expectedVersion`; otherwise throws `SnapshotConflictError` and writes nothing.
+   * version is still `expectedVersion` (and each list of `options.appends` has its expected length);
+   * otherwise throws `SnapshotConflictError` (or the append's conflict error) and writes nothing.
    * After a `RedisUnavailableError` the commit may or may not have been applied: reload to know.
    */
   commit(
@@ -111,10 +121,11 @@ export interface SnapshotStore<S = unknown> {
     expectedVersion: number,
     nextSnapshot: S,
     events: readonly RunEventRecord[],
+    options?: CommitOptions,
   ): Promise<SnapshotEnvelope<S>>;
   /** Reads a run's events in commit order. */
   readEvents(runId: string, options?: ReadEventsOptions): Promise<StoredRunEvent[]>;
-  /** Closes the store's dedicated connections (not the caller's `redis`). */
+  /** Releases the store (it holds no connection of its own; the caller's `redis` stays open). */
   close(): Promise<void>;
 }
 
@@ -166,29 +177,6 @@ function parseStoredVersion(runId: string, raw: string): number {
   return n;
 }
 
-/** Throws if any `[err, value]` tuple of an EXEC reply carries an error. */
-function checkExecReplies(
-  runId: string,
-  replies: [error: Error | null, result: unknown][],
-  expected: number,
-): void {
-  if (replies.length !== expected) {
-    throw new InvariantError(
-      `EXEC of the commit of run "${runId}" returned ${replies.length} replies, expected ${expected}`,
-    );
-  }
-  for (let i = 0; i < replies.length; i++) {
-    const err = (replies[i] as [Error | null, unknown])[0];
-    if (err !== null) {
-      // Redis does not roll back: earlier commands of the transaction were applied.
-      throw new InvariantError(
-        `command ${i} (${i === 0 ? 'HSET snap' : 'XADD events'}) of the commit of run "${runId}" failed inside EXEC, the transaction was partially applied: ${err.message}`,
-        { cause: err },
-      );
-    }
-  }
-}
-
 /** Creates a Redis-backed {@link SnapshotStore}. */
 export function createSnapshotStore<S = unknown>(
   options: SnapshotStoreOptions<S>,
@@ -197,29 +185,19 @@ export function createSnapshotStore<S = unknown>(
   const keys = createKeys(options.prefix);
   const codec = options.codec ?? createSnapshotCodec<S>();
   const clock = options.clock ?? Date.now;
-  const poolSize = options.poolSize ?? 4;
-  if (!Number.isSafeInteger(poolSize) || poolSize < 1) {
-    throw new InputValidationError('snapshot store options', [
-      { path: 'poolSize', message: `must be an integer ≥ 1, got ${poolSize}` },
-    ]);
-  }
-  const pool = new ConnectionPool(redis, poolSize);
+  const scripts = defineScripts(redis);
 
-  const fail = (error: unknown, conn?: Redis): never => {
-    throw conn === undefined
-      ? classifyRedisError(error, redis)
-      : classifyRedisError(error, conn, pool.lastError(conn));
+  const fail = (error: unknown): never => {
+    throw classifyRedisError(error, redis);
   };
 
   /*
-   * create: writes version 0 of a new run.
-   *   Watched keys:  snap
-   *   Reads:         EXISTS snap (sent with WATCH, one round trip)
+   * create: writes version 0 of a new run (script CREATE).
+   *   Reads:         EXISTS snap
    *   Written keys:  snap (HSET v sv s u), events (XADD * v t d, one per event), meta (HSET, if
-   *                  given), in one MULTI/EXEC
+   *                  given), atomically, only when snap did not exist
    *   Returns:       the envelope at version 0
-   *   Throws:        RunAlreadyExistsError when snap exists, or when EXEC aborts (only another
-   *                  create can write a snap key that does not exist)
+   *   Throws:        RunAlreadyExistsError when snap exists (nothing written)
    */
   async function create(
     runId: string,
@@ -228,7 +206,6 @@ export function createSnapshotStore<S = unknown>(
     meta: Readonly<Record<string, string>> = {},
   ): Promise<SnapshotEnvelope<S>> {
     const snapKey = keys.snap(runId);
-    const eventsKey = keys.events(runId);
     const envelope: SnapshotEnvelope<S> = {
       schemaVersion: codec.schemaVersion,
       version: 0,
@@ -237,52 +214,49 @@ export function createSnapshotStore<S = unknown>(
     };
     const fields = codec.encode(envelope);
     const encoded = encodeEvents(events);
-    const conn = pool.tryAcquire() ?? (await pool.acquire());
-    let exists: number;
-    try {
-      exists = (await Promise.all([conn.watch(snapKey), conn.exists(snapKey)]))[1];
-    } catch (error) {
-      pool.discard(conn);
-      return fail(error, conn);
-    }
-    if (exists !== 0) {
-      pool.releaseAfter(conn, conn.unwatch());
-      throw new RunAlreadyExistsError(runId);
-    }
-    let replies: [Error | null, unknown][] | null;
     const metaFields = Object.entries(meta).flat();
+    let created: number;
     try {
-      const tx = transaction(conn, snapKey, eventsKey, fields, encoded);
-      if (metaFields.length > 0) tx.hset(keys.meta(runId), ...metaFields);
-      replies = await tx.exec();
+      created = await scripts.create(
+        snapKey,
+        keys.events(runId),
+        keys.meta(runId),
+        fields.sv,
+        fields.s,
+        fields.u,
+        String(encoded.length / 2),
+        ...encoded,
+        String(metaFields.length),
+        ...metaFields,
+      );
     } catch (error) {
-      pool.discard(conn);
-      return fail(error, conn);
+      return fail(scriptError(error, 'create', runId));
     }
-    pool.release(conn);
-    if (replies === null) throw new RunAlreadyExistsError(runId);
-    checkExecReplies(runId, replies, 1 + encoded.length / 2 + (metaFields.length > 0 ? 1 : 0));
+    if (created !== 1) throw new RunAlreadyExistsError(runId);
     return envelope;
   }
 
   /*
-   * commit: compare-and-set of the snapshot plus the event appends, all or nothing.
-   *   Watched keys:  snap
-   *   Reads:         HGET snap v (sent with WATCH, one round trip)
-   *   Written keys:  snap (HSET v sv s u), events (XADD * v t d, one per event), in one MULTI/EXEC
+   * commit: compare-and-set of the envelope plus the event appends and list appends (script COMMIT).
+   *   Reads:         HGET snap v; LLEN of each list to append to
+   *   Written keys:  snap (HSET v sv s u), events (XADD * v t d, one per event), each list
+   *                  (RPUSH), atomically, only when the version and every length are as expected
    *   Returns:       the envelope at version expectedVersion + 1
-   *   Throws:        RunNotFoundError when snap is missing; SnapshotConflictError when v differs
-   *                  from expectedVersion or EXEC aborts (a concurrent write touched snap)
+   *   Throws:        RunNotFoundError (no snap); SnapshotConflictError (v differs); the append's
+   *                  conflict error (a list's length differs); nothing written in each case
    */
   async function commit(
     runId: string,
     expectedVersion: number,
     nextSnapshot: S,
     events: readonly RunEventRecord[],
+    commitOptions: CommitOptions = {},
   ): Promise<SnapshotEnvelope<S>> {
     const snapKey = keys.snap(runId);
     const eventsKey = keys.events(runId);
     assertExpectedVersion(expectedVersion);
+    const appends = commitOptions.appends ?? [];
+    const listKeys = checkAppends(keys.runKey(runId, RunKeyKind.Snap), appends);
     const envelope: SnapshotEnvelope<S> = {
       schemaVersion: codec.schemaVersion,
       version: expectedVersion + 1,
@@ -291,42 +265,54 @@ export function createSnapshotStore<S = unknown>(
     };
     const fields = codec.encode(envelope);
     const encoded = encodeEvents(events);
-    const conn = pool.tryAcquire() ?? (await pool.acquire());
-    let stored: string | null;
+    const args: string[] = [
+      String(2 + listKeys.length),
+      snapKey,
+      eventsKey,
+      ...listKeys,
+      String(expectedVersion),
+      fields.v,
+      fields.sv,
+      fields.s,
+      fields.u,
+      String(encoded.length / 2),
+      ...encoded,
+    ];
+    for (const a of appends) {
+      args.push(String(a.expectedLength), String(a.values.length), ...a.values);
+    }
+    let reply: CommitReply;
     try {
-      stored = (await Promise.all([conn.watch(snapKey), conn.hget(snapKey, 'v')]))[1];
+      reply = await scripts.commit(...args);
     } catch (error) {
-      pool.discard(conn);
-      return fail(error, conn);
+      return fail(scriptError(error, 'commit', runId));
     }
-    if (stored !== String(expectedVersion)) {
-      pool.releaseAfter(conn, conn.unwatch());
-      if (stored === null) throw new RunNotFoundError(runId);
-      throw new SnapshotConflictError(runId, expectedVersion, parseStoredVersion(runId, stored));
-    }
-    let replies: [Error | null, unknown][] | null;
-    try {
-      replies = await transaction(conn, snapKey, eventsKey, fields, encoded).exec();
-    } catch (error) {
-      pool.discard(conn);
-      return fail(error, conn);
-    }
-    if (replies === null) {
-      // EXEC cleared the WATCH: the connection is clean again.
-      let actual: string | null;
-      try {
-        actual = await conn.hget(snapKey, 'v');
-      } catch (error) {
-        pool.discard(conn);
-        return fail(error, conn);
+    switch (reply[0]) {
+      case 1:
+        return envelope;
+      case 0:
+        throw new SnapshotConflictError(
+          runId,
+          expectedVersion,
+          parseStoredVersion(runId, String(reply[1])),
+        );
+      case -1:
+        throw new RunNotFoundError(runId);
+      case 2: {
+        const append = appends[Number(reply[1])] as ListAppend;
+        const actual = Number(reply[2]);
+        throw (
+          append.conflict?.(actual) ??
+          new InvariantError(
+            `list ${append.key} of run "${runId}" has ${actual} elements, expected ${append.expectedLength}; nothing was committed`,
+          )
+        );
       }
-      pool.release(conn);
-      if (actual === null) throw new RunNotFoundError(runId);
-      throw new SnapshotConflictError(runId, expectedVersion, parseStoredVersion(runId, actual));
+      default:
+        throw new InvariantError(
+          `the commit script of run "${runId}" replied ${JSON.stringify(reply)}`,
+        );
     }
-    pool.release(conn);
-    checkExecReplies(runId, replies, 1 + encoded.length / 2);
-    return envelope;
   }
 
   async function tryLoad(runId: string): Promise<SnapshotEnvelope<S> | null> {
@@ -401,34 +387,80 @@ export function createSnapshotStore<S = unknown>(
     tryLoad,
     commit,
     readEvents,
-    close: () => pool.close(),
+    close: () => Promise.resolve(),
   };
 }
 
-/** The MULTI of a commit: HSET the envelope, then one XADD per encoded event. */
-function transaction(
-  conn: Redis,
-  snapKey: string,
-  eventsKey: string,
-  fields: SnapshotFields,
-  encodedEvents: readonly string[],
-): ReturnType<Redis['multi']> {
-  const tx = conn
-    .multi()
-    .hset(snapKey, 'v', fields.v, 'sv', fields.sv, 's', fields.s, 'u', fields.u);
-  for (let i = 0; i < encodedEvents.length; i += 2) {
-    tx.xadd(
-      eventsKey,
-      '*',
-      'v',
-      fields.v,
-      't',
-      encodedEvents[i] as string,
-      'd',
-      encodedEvents[i + 1] as string,
-    );
+/** `{1}` written, `{0, v}` version differs, `{-1}` no run, `{2, index, length}` a list differs. */
+type CommitReply = [status: number, detail?: string | number, length?: number];
+type Script<R> = (...args: string[]) => Promise<R>;
+
+/** Registers the scripts on `redis` (once per client) and returns callers for them. */
+function defineScripts(redis: Redis): { create: Script<number>; commit: Script<CommitReply> } {
+  const create = `flujoSnapshot_create_v${SNAPSHOT_SCRIPT_VERSION}`;
+  const commit = `flujoSnapshot_commit_v${SNAPSHOT_SCRIPT_VERSION}`;
+  const commands = redis as unknown as Record<string, Script<never> | undefined>;
+  // ioredis runs EVALSHA and falls back to EVAL after a NOSCRIPT (e.g. a restarted server).
+  if (commands[create] === undefined) {
+    redis.defineCommand(create, { numberOfKeys: 3, lua: SNAPSHOT_SCRIPTS.create });
   }
-  return tx;
+  if (commands[commit] === undefined) {
+    // The number of keys varies with the list appends: it is the first argument of each call.
+    redis.defineCommand(commit, { lua: SNAPSHOT_SCRIPTS.commit });
+  }
+  return {
+    create: (...args) => (commands[create] as Script<number>).apply(redis, args),
+    commit: (...args) => (commands[commit] as Script<CommitReply>).apply(redis, args),
+  };
+}
+
+/**
+ * A script failure that is not about the connection is a bug or a key of the wrong type. Redis
+ * keeps the writes a script made before it failed, so the message says the commit may be partial.
+ */
+function scriptError(error: unknown, script: string, runId: string): unknown {
+  if (isConnectionError(error)) return error;
+  const message = error instanceof Error ? error.message : String(error);
+  return new InvariantError(
+    `the ${script} script of run "${runId}" failed inside Redis and may have been partially applied: ${message}`,
+    { cause: error },
+  );
+}
+
+/** Checks list appends before any I/O and returns their keys. */
+function checkAppends(snapKey: string, appends: readonly ListAppend[]): string[] {
+  const given: unknown = appends;
+  if (!Array.isArray(given)) {
+    throw new InputValidationError('commit options', [
+      { path: 'appends', message: 'must be an array' },
+    ]);
+  }
+  // Every key of one commit shares the run's hash tag, so the script stays in one Cluster slot.
+  const runPrefix = snapKey.slice(0, snapKey.lastIndexOf(':') + 1);
+  return appends.map((a, i) => {
+    if (typeof a.key !== 'string' || !a.key.startsWith(runPrefix)) {
+      throw new InputValidationError('commit options', [
+        {
+          path: `appends[${i}].key`,
+          message: `must be a key of the same run (starting "${runPrefix}")`,
+        },
+      ]);
+    }
+    if (!Number.isSafeInteger(a.expectedLength) || a.expectedLength < 0) {
+      throw new InputValidationError('commit options', [
+        {
+          path: `appends[${i}].expectedLength`,
+          message: `must be an integer ≥ 0, got ${a.expectedLength}`,
+        },
+      ]);
+    }
+    if (!Array.isArray(a.values) || a.values.some((v: unknown) => typeof v !== 'string')) {
+      throw new InputValidationError('commit options', [
+        { path: `appends[${i}].values`, message: 'must be an array of strings' },
+      ]);
+    }
+    return a.key;
+  });
 }
 
 function decodeEvent(runId: string, id: string, flat: readonly string[]): StoredRunEvent {

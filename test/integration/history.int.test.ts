@@ -3,11 +3,13 @@ import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from
 import {
   HistoryConflictError,
   InputValidationError,
+  SnapshotConflictError,
   SnapshotCorruptError,
 } from '../../src/errors.js';
 import type { ChatMessage } from '../../src/llm/messages.js';
 import { createHistoryStore, type HistoryStore } from '../../src/persistence/history.js';
 import { createKeys } from '../../src/persistence/keys.js';
+import { createSnapshotStore } from '../../src/persistence/snapshot-store.js';
 import { connect, deletePrefix, testPrefix } from '../helpers/redis.js';
 import { caught } from '../helpers/caught.js';
 
@@ -134,9 +136,7 @@ describe('history store', () => {
     expect(await caught(history.append(R, S, -1, []))).toBeInstanceOf(InputValidationError);
     expect(await caught(history.append(R, 'bad step', 0, []))).toBeInstanceOf(InputValidationError);
     expect(await caught(history.read(R, S, { from: 1.5 }))).toBeInstanceOf(InputValidationError);
-    const tx = redis.multi();
-    expect(() => history.queueAppend(tx, R, S, bad)).toThrow(InputValidationError);
-    tx.discard();
+    expect(() => history.appendOp(R, S, 0, bad)).toThrow(InputValidationError);
   });
 
   it('reports a corrupt element as SnapshotCorruptError naming run, step and index', async () => {
@@ -149,45 +149,35 @@ describe('history store', () => {
     expect(await history.read(R, S, { to: 2 })).toStrictEqual(conversation.slice(0, 2));
   });
 
-  it('queueAppend commits with another write in one MULTI, all or nothing', async () => {
-    const keys = createKeys(prefix);
-    const snap = keys.snap(R);
-    await redis.hset(snap, 'cursor', '0');
+  it('appendOp commits with the run snapshot, all or nothing', async () => {
+    const store = createSnapshotStore({ redis, prefix });
+    await store.create(R, { cursor: 0 });
+    const v1 = await store.commit(R, 0, { cursor: 3 }, [], {
+      appends: [history.appendOp(R, S, 0, conversation.slice(0, 3))],
+    });
+    expect(v1.version).toBe(1);
+    expect(await history.read(R, S)).toStrictEqual(conversation.slice(0, 3));
 
-    // committed: the append and the snapshot write land together
-    const conn = connect();
-    try {
-      await conn.watch(snap);
-      const cursor = Number(await conn.hget(snap, 'cursor'));
-      expect(await history.length(R, S)).toBe(cursor);
-      const tx = conn.multi();
-      expect(history.queueAppend(tx, R, S, conversation.slice(0, 3))).toBe(1);
-      tx.hset(snap, 'cursor', String(cursor + 3));
-      const replies = await tx.exec();
-      expect(replies).toEqual([
-        [null, 3],
-        [null, 0],
-      ]);
-      expect(await history.read(R, S)).toStrictEqual(conversation.slice(0, 3));
-      expect(await redis.hget(snap, 'cursor')).toBe('3');
+    // A history that moved on (another writer appended) refuses the whole commit.
+    await history.append(R, S, 3, conversation.slice(3, 4));
+    const e = await caught(
+      store.commit(R, 1, { cursor: 6 }, [], {
+        appends: [history.appendOp(R, S, 3, conversation.slice(3))],
+      }),
+    );
+    expect(e).toBeInstanceOf(HistoryConflictError);
+    expect(e).toMatchObject({ expectedLength: 3, actualLength: 4 });
+    expect((await store.load(R)).version).toBe(1);
+    expect(await history.length(R, S)).toBe(4);
 
-      // aborted: another writer changes the watched snapshot before EXEC: nothing is appended
-      await conn.watch(snap);
-      const cursor2 = Number(await conn.hget(snap, 'cursor'));
-      const tx2 = conn.multi();
-      history.queueAppend(tx2, R, S, conversation.slice(3));
-      tx2.hset(snap, 'cursor', String(cursor2 + conversation.length - 3));
-      await redis.hset(snap, 'other', 'writer');
-      expect(await tx2.exec()).toBeNull();
-      expect(await history.length(R, S)).toBe(3);
-      expect(await redis.hget(snap, 'cursor')).toBe('3');
-
-      // no messages: nothing queued
-      const tx3 = conn.multi();
-      expect(history.queueAppend(tx3, R, S, [])).toBe(0);
-      tx3.discard();
-    } finally {
-      conn.disconnect();
-    }
+    // A stale snapshot version refuses the append too.
+    expect(
+      await caught(
+        store.commit(R, 0, { cursor: 9 }, [], {
+          appends: [history.appendOp(R, S, 4, conversation.slice(4))],
+        }),
+      ),
+    ).toBeInstanceOf(SnapshotConflictError);
+    expect(await history.length(R, S)).toBe(4);
   });
 });

@@ -205,60 +205,60 @@ describe('snapshot store', () => {
     expect(await streamLength('run-1')).toBe(2);
   });
 
-  it('throws SnapshotConflictError with the actual version when a write lands between HGET and EXEC', async () => {
-    const interferer = connect();
-    clients.push(interferer);
-    const snapKey = keys().snap('run-1');
-    const spied = connect();
-    clients.push(spied);
-    let interfere = false;
-    const duplicate = spied.duplicate.bind(spied);
-    spied.duplicate = (...args: Parameters<typeof duplicate>) => {
-      const conn = duplicate(...args);
-      const multi = conn.multi.bind(conn) as () => ReturnType<Redis['multi']>;
-      conn.multi = (() => {
-        const tx = multi();
-        const exec = tx.exec.bind(tx);
-        tx.exec = async () => {
-          if (interfere) {
-            interfere = false;
-            await interferer.hset(snapKey, 'v', '5');
-          }
-          return exec();
-        };
-        return tx;
-      }) as typeof conn.multi;
-      return conn;
-    };
-    const s = createSnapshotStore<Snap>({ redis: spied, prefix, poolSize: 1 });
-    stores.push(s);
-    await s.create('run-1', initial);
-    interfere = true;
-    const err = await rejection(s.commit('run-1', 0, next(1), [{ type: 'lost' }]));
-    expect(err).toBeInstanceOf(SnapshotConflictError);
-    expect(err).toMatchObject({ expectedVersion: 0, actualVersion: 5 });
-    expect(await streamLength('run-1')).toBe(0);
-    expect((await rawSnap('run-1'))['s']).toBe(JSON.stringify(initial));
-    // The connection is clean: the next commit on it succeeds.
-    expect((await s.commit('run-1', 5, next(6), [{ type: 'won' }])).version).toBe(6);
+  it('commits list appends with the snapshot, all or nothing', async () => {
+    await store.create('run-1', initial);
+    const list = keys().history('run-1', 'agent');
+    const conflict = (actual: number) => new Error(`list has ${actual}`);
+    const v1 = await store.commit('run-1', 0, next(1), [{ type: 'turn' }], {
+      appends: [{ key: list, expectedLength: 0, values: ['a', 'b'], conflict }],
+    });
+    expect(v1.version).toBe(1);
+    expect(await redis.lrange(list, 0, -1)).toEqual(['a', 'b']);
+    // A length that moved on refuses the whole commit with the append's own error.
+    const before = await rawSnap('run-1');
+    const err = await rejection(
+      store.commit('run-1', 1, next(2), [{ type: 'turn' }], {
+        appends: [{ key: list, expectedLength: 1, values: ['c'], conflict }],
+      }),
+    );
+    expect((err as Error).message).toBe('list has 2');
+    expect(await rawSnap('run-1')).toEqual(before);
+    expect(await redis.lrange(list, 0, -1)).toEqual(['a', 'b']);
+    expect(await streamLength('run-1')).toBe(1);
+    // A stale version refuses the appends too.
+    await rejection(
+      store.commit('run-1', 0, next(2), [], {
+        appends: [{ key: list, expectedLength: 2, values: ['c'] }],
+      }),
+    );
+    expect(await redis.llen(list)).toBe(2);
+    // 2,500 values go in chunks (the script's stack is limited); the count is exact.
+    const many = Array.from({ length: 2500 }, (_, i) => `m${i}`);
+    await store.commit('run-1', 1, next(2), [], {
+      appends: [{ key: list, expectedLength: 2, values: many }],
+    });
+    expect(await redis.llen(list)).toBe(2502);
+    expect(await redis.lindex(list, 2501)).toBe('m2499');
   });
 
-  it('leaves no WATCH behind on a pooled connection after a refused commit', async () => {
-    const s = createSnapshotStore<Snap>({ redis, prefix, poolSize: 1 });
-    stores.push(s);
-    await s.create('a', initial);
-    await s.create('b', initial);
-    await rejection(s.commit('a', 3, next(1), []));
-    await rejection(s.commit('missing', 0, next(1), []));
-    // If the connection still watched a's or missing's key, these writes would abort b's EXEC.
-    await redis.hset(keys().snap('a'), 'u', '1');
-    await redis.hset(keys().snap('missing'), 'x', '1');
-    expect((await s.commit('b', 0, next(1), [])).version).toBe(1);
+  it('refuses list appends to another run or with a bad length before any I/O', async () => {
+    await store.create('run-1', initial);
+    const other = keys().history('run-2', 'agent');
+    await expect(
+      store.commit('run-1', 0, next(1), [], {
+        appends: [{ key: other, expectedLength: 0, values: ['x'] }],
+      }),
+    ).rejects.toThrow(/appends\[0\]\.key: must be a key of the same run/);
+    await expect(
+      store.commit('run-1', 0, next(1), [], {
+        appends: [{ key: keys().history('run-1', 'a'), expectedLength: -1, values: [] }],
+      }),
+    ).rejects.toThrow(/appends\[0\]\.expectedLength/);
+    expect((await store.load('run-1')).version).toBe(0);
   });
 
-  it('queues commits beyond the pool size instead of sharing a WATCH', async () => {
-    const s = createSnapshotStore<Snap>({ redis, prefix, poolSize: 2 });
-    stores.push(s);
+  it('many concurrent commits: each run commits once, one winner per version', async () => {
+    const s = store;
     const runs = Array.from({ length: 12 }, (_, i) => `r${i}`);
     await Promise.all(runs.map((r) => s.create(r, initial)));
     const results = await Promise.all(runs.map((r) => s.commit(r, 0, next(1), [{ type: 'x' }])));
