@@ -1,15 +1,23 @@
-import { createActor, type Actor } from 'xstate';
+import { createActor, type AnyStateMachine } from 'xstate';
 import { EventValidationError, InvariantError, type ValidationIssue } from '../errors.js';
 import type { Plan } from '../plan/schema.js';
 import { runEventSchema, type RunEvent } from '../schemas/events.js';
 import { zodIssuesToValidationIssues } from '../schemas/issues.js';
-import { runMachine, type RunContext } from './run-machine.js';
-import { deriveRunStatus } from './run-status.js';
-import type { PlannedAction, RunStatus, StepContext, StepStatus } from './types.js';
+import {
+  runMachine,
+  statusOf,
+  stepInputs,
+  type RunContext,
+  type StepMessage,
+  type StepReportedEvent,
+} from './run-machine.js';
+import { stepMachine, type StepEvent, type StepInput } from './step-machine.js';
+import type { PlannedAction, RunStatus, StepContext, StepReport, StepStatus } from './types.js';
 
 /**
- * A run's persisted snapshot: the run machine's state with one child snapshot per step. Plain JSON;
- * this is what the snapshot store keeps. Treat it as opaque outside `src/machines`.
+ * A run's persisted snapshot: the run machine's state with one step machine snapshot per step
+ * (under `children`, the shape xstate gives a machine's child actors). Plain JSON; this is what the
+ * snapshot store keeps. Treat it as opaque outside `src/machines`.
  */
 export interface RunSnapshot {
   status: 'active' | 'done' | 'error' | 'stopped';
@@ -52,145 +60,272 @@ export interface RunTransition {
 }
 
 /**
- * A run restored in memory: an xstate actor system (the run and one child per step) that takes
- * events one at a time. Pure: no clock, timer, randomness or I/O; what it returns for an event is a
+ * A run held in memory: the run machine's snapshot and one step machine snapshot per step, fed one
+ * event at a time. Pure: no clock, timer, randomness or I/O; what it returns for an event is a
  * function of its state and the event alone.
  *
- * Why not xstate's pure `transition()`: it does not deliver `sendTo` / `sendParent` between a run
- * and its child step actors (those come back as unexecuted actions). So the kernel runs the actor
- * system, lets parent and children settle synchronously after each event, and reads the persisted
- * snapshot back. Restoring that system is the costly part, so a worker may keep an `OpenRun` between
- * events of the same run (checking the stored version first); `advanceRun` opens one per call.
+ * Every next snapshot comes from the machines' own pure `transition` (xstate computes it; nothing
+ * is started). Messages between the run and its steps are actions: a `toStep` action of the run
+ * is delivered to that step at once, and each `report` action of a step is queued for the run as
+ * `step.reported`, in the order an actor system would deliver them (a child takes a message as it
+ * is sent; the parent takes its own queue in order). Opening a run from its persisted JSON resolves
+ * each state from its value and context, so a worker may keep an `OpenRun` between events of the
+ * same run (checking the stored version first) or open one per event (`advanceRun`).
  */
 export interface OpenRun {
   /** The snapshot as of the last event (or as opened). */
   readonly snapshot: RunSnapshot;
   /** Feeds one valid event (see {@link validateRunEvent}). */
   send(event: RunEvent): RunTransition;
-  /** Stops the actor system. */
+  /** Releases the run (kept for symmetry with hosts that pool open runs). */
   close(): void;
 }
 
+type RunState = MachineSnapshotOf<typeof runMachine>;
+type StepState_ = MachineSnapshotOf<typeof stepMachine>;
+type MachineSnapshotOf<M extends AnyStateMachine> = ReturnType<M['resolveState']>;
+
+interface Collected {
+  type: string;
+  params: unknown;
+}
+
 /**
- * The persisted form of a run actor, the same as xstate's `getPersistedSnapshot()` (a test checks
- * it on every state the graph walk reaches) but without its walk of every context object in search
- * of actor references: these machines keep none in context, and history states are not used. That
- * walk was a third of the kernel's time per event.
+ * The scope a machine's pure `transition` runs in: it collects the executable actions instead of
+ * executing them. One per machine, reused (building one per call costs an actor construction).
  */
-export function persistedSnapshot(actor: Actor<typeof runMachine>): RunSnapshot {
-  const snap = actor.getSnapshot();
-  const children: RunSnapshot['children'] = {};
-  for (const [id, ref] of Object.entries(snap.children)) {
-    if (ref === undefined) continue;
-    const child = ref.getSnapshot() as unknown as {
-      status: string;
-      value: StepStatus;
-      context: StepContext;
-      output: unknown;
-      error: unknown;
-    };
-    children[id] = {
-      snapshot: {
-        status: child.status,
-        value: child.value,
-        historyValue: {},
-        context: child.context,
-        children: {},
-        output: child.output,
-        error: child.error,
-      },
-      src: 'step',
-      syncSnapshot: false,
+function pureScope(machine: AnyStateMachine): { scope: never; taken: Collected[] } {
+  const taken: Collected[] = [];
+  // An actor that is never started, for the `self` and `system` the scope must name.
+  const self = createActor(machine);
+  const scope = {
+    self,
+    system: self.system,
+    id: '',
+    sessionId: '',
+    defer: () => {},
+    logger: () => {},
+    emit: () => {},
+    stopChild: () => {},
+    actionExecutor: (action: Collected) => {
+      taken.push(action);
+    },
+  };
+  return { scope: scope as never, taken };
+}
+
+const runScope = pureScope(runMachine);
+const stepScope = pureScope(stepMachine);
+
+function take(taken: Collected[]): Collected[] {
+  return taken.splice(0, taken.length);
+}
+
+function check<S extends { status: string; error?: unknown }>(snapshot: S, what: string): S {
+  if (snapshot.status === 'error') {
+    const cause = snapshot.error;
+    throw new InvariantError(`${what} failed: ${String(cause)}`, { cause });
+  }
+  return snapshot;
+}
+
+function persistStep(state: StepState_): PersistedStep {
+  return {
+    snapshot: {
+      status: state.status,
+      value: state.value,
+      historyValue: {},
+      context: state.context,
+      children: {},
+      output: state.output,
+      error: state.error,
+    },
+    src: 'step',
+    syncSnapshot: false,
+  };
+}
+
+type PersistedStep = RunSnapshot['children'][string];
+
+function restoreStep(persisted: PersistedStep): StepState_ {
+  const { value, context } = persisted.snapshot;
+  return stepMachine.resolveState({ value, context });
+}
+
+/** A run in memory, from its machine snapshots. */
+class LiveRun implements OpenRun {
+  #run: RunState;
+  readonly #steps: Map<string, StepState_>;
+  // The persisted form of each step, rebuilt only for steps that moved.
+  readonly #persisted: Map<string, PersistedStep>;
+  #snapshot: RunSnapshot;
+
+  constructor(run: RunState, steps: Map<string, StepState_>, persisted?: RunSnapshot) {
+    this.#run = run;
+    this.#steps = steps;
+    this.#persisted = new Map();
+    if (persisted === undefined) {
+      for (const [id, state] of steps) this.#persisted.set(id, persistStep(state));
+    } else {
+      for (const [id, child] of Object.entries(persisted.children)) this.#persisted.set(id, child);
+    }
+    this.#snapshot = persisted ?? this.#persist();
+  }
+
+  get snapshot(): RunSnapshot {
+    return this.#snapshot;
+  }
+
+  #persist(): RunSnapshot {
+    const children: RunSnapshot['children'] = {};
+    for (const id of this.#run.context.order) {
+      const child = this.#persisted.get(id);
+      if (child !== undefined) children[id] = child;
+    }
+    const run = this.#run;
+    return {
+      status: run.status,
+      value: run.value,
+      historyValue: {},
+      context: run.context,
+      children,
+      output: run.output,
+      error: run.error,
     };
   }
+
+  /** Delivers the run's actions; returns the planned ones. Reports queue for the run. */
+  #carryOut(actions: Collected[], queue: StepReportedEvent[], planned: PlannedAction[]): boolean {
+    let moved = false;
+    for (const action of actions) {
+      switch (action.type) {
+        case 'toStep': {
+          const { stepId, event } = action.params as StepMessage;
+          moved = this.#deliver(stepId, event, queue) || moved;
+          break;
+        }
+        case 'plan':
+          planned.push(action.params as PlannedAction);
+          break;
+        case 'reopenStep': {
+          const { stepId, at } = action.params as { stepId: string; at: number };
+          const old = this.#steps.get(stepId);
+          if (old === undefined) break;
+          this.#setStep(stepId, initialStep(reopenInput(old.context, at)));
+          moved = true;
+          break;
+        }
+        default:
+          break;
+      }
+    }
+    return moved;
+  }
+
+  #deliver(stepId: string, event: StepEvent, queue: StepReportedEvent[]): boolean {
+    const state = this.#steps.get(stepId);
+    // Like an actor that has stopped, a step that has ended takes no more messages.
+    if (state === undefined || state.status !== 'active') return false;
+    const next = check(
+      stepMachine.transition(state, event, stepScope.scope),
+      `step machine "${stepId}"`,
+    );
+    for (const action of take(stepScope.taken)) {
+      if (action.type === 'report') {
+        queue.push({ type: 'step.reported', ...(action.params as StepReport) });
+      }
+    }
+    if (next === state) return false;
+    this.#setStep(stepId, next);
+    return true;
+  }
+
+  #setStep(stepId: string, state: StepState_): void {
+    this.#steps.set(stepId, state);
+    this.#persisted.set(stepId, persistStep(state));
+  }
+
+  /** Runs the run machine on `first` and on every report that follows, to quiescence. */
+  drain(first: RunEvent | StepReportedEvent | null, planned: PlannedAction[]): boolean {
+    const queue: StepReportedEvent[] = [];
+    let moved = false;
+    if (first === null) {
+      // The run's own entry actions (a new run starts its first steps).
+      moved = this.#carryOut(take(runScope.taken), queue, planned);
+    } else {
+      queue.push(first as StepReportedEvent);
+    }
+    for (let i = 0; i < queue.length; i++) {
+      const event = queue[i] as StepReportedEvent;
+      const next = check(runMachine.transition(this.#run, event, runScope.scope), 'run machine');
+      const actions = take(runScope.taken);
+      if (next !== this.#run) {
+        this.#run = next;
+        moved = true;
+      }
+      moved = this.#carryOut(actions, queue, planned) || moved;
+    }
+    if (moved) this.#snapshot = this.#persist();
+    return moved;
+  }
+
+  send(event: RunEvent): RunTransition {
+    const before = this.#run.context;
+    // A run that has ended never changes.
+    if (this.#run.status !== 'active') {
+      return {
+        snapshot: this.#snapshot,
+        status: statusOf(before),
+        planned: [],
+        changes: [],
+        accepted: false,
+      };
+    }
+    const planned: PlannedAction[] = [];
+    const moved = this.drain(event, planned);
+    const context = this.#run.context;
+    return {
+      snapshot: this.#snapshot,
+      status: statusOf(context),
+      planned,
+      changes: moved ? diffSteps(before, context) : [],
+      accepted: moved,
+    };
+  }
+
+  close(): void {}
+}
+
+function initialStep(input: StepInput): StepState_ {
+  const state = stepMachine.getInitialSnapshot(stepScope.scope, input);
+  take(stepScope.taken);
+  return check(state, 'step machine');
+}
+
+/** The input of a fresh step machine for a step reopened by a resume: its attempts go on. */
+function reopenInput(old: StepContext, at: number): StepInput {
   return {
-    status: snap.status,
-    value: snap.value,
-    historyValue: {},
-    context: snap.context,
-    children,
-    output: snap.output,
-    error: snap.error,
+    stepId: old.stepId,
+    needsApproval: old.needsApproval,
+    retry: old.retry,
+    at,
+    attempt: old.attempt,
   };
 }
 
 /** Opens a run from its persisted snapshot. */
 export function openRun(snapshot: RunSnapshot): OpenRun {
-  // With a snapshot, xstate restores it and ignores `input`.
-  return host(
-    createActor(runMachine, { snapshot: snapshot as never, input: undefined as never }),
-    snapshot,
-  );
-}
-
-function host(
-  actor: Actor<typeof runMachine>,
-  initial: RunSnapshot | null,
-): OpenRun & { first: RunTransition | null } {
-  let planned: PlannedAction[] = [];
-  let failure: unknown;
-  actor.on('planned', (e) => planned.push(e.action));
-  actor.subscribe({ error: (err) => (failure = err) });
-  actor.start();
-  let current = initial ?? read();
-  const first = initial === null ? transitionFrom(null) : null;
-
-  function read(): RunSnapshot {
-    const snap = persistedSnapshot(actor);
-    if (failure !== undefined || snap.status === 'error') {
-      throw new InvariantError(`run machine failed: ${String(failure ?? snap['error'])}`, {
-        cause: failure,
-      });
-    }
-    return snap;
+  const run = runMachine.resolveState({
+    value: snapshot.value,
+    context: snapshot.context,
+  });
+  const steps = new Map<string, StepState_>();
+  for (const id of snapshot.context.order) {
+    const child = snapshot.children[id];
+    if (child === undefined) throw new InvariantError(`run snapshot has no child for step "${id}"`);
+    steps.set(id, restoreStep(child));
   }
-
-  function transitionFrom(before: RunContext | null): RunTransition {
-    const snapshot = before === null ? current : read();
-    const context = snapshot.context;
-    const changes = diffSteps(before, context);
-    const t: RunTransition = {
-      snapshot,
-      status: statusOf(context),
-      planned,
-      changes,
-      accepted:
-        before === null ||
-        changes.length > 0 ||
-        before.cancel !== context.cancel ||
-        before.stop !== context.stop ||
-        before.resumes !== context.resumes,
-    };
-    planned = [];
-    return t;
-  }
-
-  return {
-    first,
-    get snapshot() {
-      return current;
-    },
-    send(event) {
-      // A run that has ended never changes.
-      if (current.status !== 'active') {
-        return {
-          snapshot: current,
-          status: statusOf(current.context),
-          planned: [],
-          changes: [],
-          accepted: false,
-        };
-      }
-      const before = current.context;
-      actor.send(event);
-      const t = transitionFrom(before);
-      current = t.snapshot;
-      return t;
-    },
-    close() {
-      actor.stop();
-    },
-  };
+  return new LiveRun(run, steps, snapshot);
 }
 
 function diffSteps(before: RunContext | null, after: RunContext): StepChange[] {
@@ -206,15 +341,6 @@ function diffSteps(before: RunContext | null, after: RunContext): StepChange[] {
   return changes;
 }
 
-function statusOf(context: RunContext): RunStatus {
-  return deriveRunStatus({
-    steps: context.steps,
-    dependsOn: context.dependsOn,
-    cancelRequested: context.cancel !== null,
-    stopped: context.stop !== null,
-  });
-}
-
 /** Options of {@link startRun}. */
 export interface StartRunOptions {
   runId: string;
@@ -222,11 +348,26 @@ export interface StartRunOptions {
   at: number;
 }
 
-/** Creates a run from a parsed plan: spawns its steps and starts those with no dependencies. */
+/** Creates a run from a parsed plan: one step machine per step; starts those with no dependencies. */
 export function startRun(plan: Plan, { runId, at }: StartRunOptions): RunTransition {
-  const run = host(createActor(runMachine, { input: { runId, plan, at } }), null);
-  run.close();
-  return run.first!;
+  const steps = new Map<string, StepState_>();
+  for (const input of stepInputs(plan, at)) steps.set(input.stepId, initialStep(input));
+  take(runScope.taken);
+  const run = check(
+    runMachine.getInitialSnapshot(runScope.scope, { runId, plan, at }),
+    'run machine',
+  );
+  const live = new LiveRun(run, steps);
+  const planned: PlannedAction[] = [];
+  live.drain(null, planned);
+  const context = live.snapshot.context;
+  return {
+    snapshot: live.snapshot,
+    status: statusOf(context),
+    planned,
+    changes: diffSteps(null, context),
+    accepted: true,
+  };
 }
 
 /** Checks that `event` is a run event and names a step of this run; throws `EventValidationError`. */

@@ -1,15 +1,15 @@
-import { assign, emit, enqueueActions, sendTo, setup } from 'xstate';
+import { assign, enqueueActions, setup } from 'xstate';
 import type { Plan } from '../plan/schema.js';
 import { stepNeedsApproval } from '../plan/schema.js';
 import type { JsonValue } from '../internal/json.js';
 import type { RunEvent } from '../schemas/events.js';
 import { deriveRunStatus } from './run-status.js';
-import { stepMachine, type StepInput } from './step-machine.js';
+import type { StepEvent, StepInput } from './step-machine.js';
 import {
   StepReason,
   isFinalStepStatus,
   type PlannedAction,
-  type StepContext,
+  type RunStatus,
   type StepReport,
   type StepView,
 } from './types.js';
@@ -62,19 +62,30 @@ export interface RunContext {
 /** A step's report to its run (sent by the step machine's `report` action). */
 export type StepReportedEvent = { type: 'step.reported' } & StepReport;
 
-/** What the run machine emits: one planned action at a time, collected by the host. */
-export interface PlannedEmitted {
-  type: 'planned';
-  action: PlannedAction;
+/** A message from the run to one of its steps, delivered by the kernel. */
+export interface StepMessage {
+  stepId: string;
+  event: StepEvent;
 }
 
-const statusOf = (context: RunContext) =>
-  deriveRunStatus({
-    steps: context.steps,
-    dependsOn: context.dependsOn,
-    cancelRequested: context.cancel !== null,
-    stopped: context.stop !== null,
-  });
+// Contexts are never mutated (each assign makes a new one), so the status derived from one can be
+// kept: the eventless guards below ask for it several times per event.
+const statuses = new WeakMap<RunContext, RunStatus>();
+
+/** The run's status, derived from its context. */
+export function statusOf(context: RunContext): RunStatus {
+  let status = statuses.get(context);
+  if (status === undefined) {
+    status = deriveRunStatus({
+      steps: context.steps,
+      dependsOn: context.dependsOn,
+      cancelRequested: context.cancel !== null,
+      stopped: context.stop !== null,
+    });
+    statuses.set(context, status);
+  }
+  return status;
+}
 
 /** Orders every open step cancelled with `reason`, once; returns the ids ordered. */
 function cancelOpenSteps(
@@ -97,7 +108,14 @@ function cancelOpenSteps(
 const satisfied = (view: StepView | undefined): boolean =>
   view !== undefined && (view.status === 'SUCCEEDED' || view.status === 'SKIPPED');
 
-function stepInputs(plan: Plan, at: number): StepInput[] {
+// The event, addressed to the step it is about.
+const forward = ({ event }: { event: StepEvent & { stepId: string } }): StepMessage => ({
+  stepId: event.stepId,
+  event,
+});
+
+/** The input of the step machine of each step of `plan`. */
+export function stepInputs(plan: Plan, at: number): StepInput[] {
   return plan.steps.map((step) => ({
     stepId: step.id,
     needsApproval: stepNeedsApproval(step),
@@ -113,10 +131,15 @@ function stepInputs(plan: Plan, at: number): StepInput[] {
 }
 
 /**
- * The machine of one run. It owns one child step actor per step of the plan (actor id = step id),
- * starts the steps whose dependencies are met (all of them at once when several are ready: fan-out),
- * forwards each event about a step to that step's actor, and derives its status from the steps'
- * reports: `running`, `waiting`, then one of the final `succeeded`, `failed`, `cancelled`.
+ * The machine of one run. It owns one step machine per step of the plan, addressed by step id:
+ * it starts the steps whose dependencies are met (all of them at once when several are ready:
+ * fan-out), forwards each event about a step to that step, and derives its status from the
+ * steps' reports: `running`, `waiting`, then one of the final `succeeded`, `failed`, `cancelled`.
+ *
+ * Messages between the run and its steps are actions the kernel delivers (`toStep` to a step; a
+ * step's `report` comes back as `step.reported`), the pure equivalent of `sendTo`/`sendParent`:
+ * the kernel computes every next snapshot with the machines' pure `transition`, and no actor
+ * system is started to feed a run one event.
  *
  * Dependents of a step that failed finally, was rejected or was cancelled are CANCELLED with reason
  * `upstream_failed` (they will never run), transitively; steps on independent branches go on, and
@@ -130,9 +153,7 @@ export const runMachine = setup({
     context: {} as RunContext,
     events: {} as RunEvent | StepReportedEvent,
     input: {} as RunInput,
-    emitted: {} as PlannedEmitted,
   },
-  actors: { step: stepMachine },
   guards: {
     isSucceeded: ({ context }) => statusOf(context) === 'succeeded',
     isFailed: ({ context }) => statusOf(context) === 'failed',
@@ -152,17 +173,25 @@ export const runMachine = setup({
   },
   actions: {
     // Orders every open step cancelled with `reason` (a run cancel, a budget stop), once.
+    // Delivered by the kernel: the step's machine takes `event`.
+    toStep: (_, _message: StepMessage) => {},
+    // Carried out by the host: something that must happen outside.
+    plan: (_, _action: PlannedAction) => {},
+    // The kernel replaces the step's ended machine with a fresh one (attempts go on).
+    reopenStep: (_, _params: { stepId: string; at: number }) => {},
+    // Orders every open step cancelled with `reason` (a run cancel, a budget stop), once.
     cancelOpenSteps: enqueueActions(
       ({ enqueue, context }, params: { reason: string; at: number }) => {
-        const ordered = cancelOpenSteps(context, params.reason, params.at, (id, e) =>
-          enqueue.sendTo(id, e),
+        // `enqueue` is typed before the sibling actions exist; `toStep` is one of them.
+        const send = enqueue as unknown as (action: {
+          type: 'toStep';
+          params: StepMessage;
+        }) => void;
+        const ordered = cancelOpenSteps(context, params.reason, params.at, (stepId, event) =>
+          send({ type: 'toStep', params: { stepId, event } }),
         );
         enqueue.assign({ cancelOrdered: ({ context: c }) => [...c.cancelOrdered, ...ordered] });
       },
-    ),
-    forwardToStep: sendTo(
-      ({ event }) => (event as { stepId: string }).stepId,
-      ({ event }) => event as never,
     ),
   },
 }).createMachine({
@@ -182,23 +211,22 @@ export const runMachine = setup({
     createdAt: input.at,
     updatedAt: input.at,
   }),
-  entry: enqueueActions(({ enqueue, context, event }) => {
-    const { plan, at } = (event as unknown as { input: RunInput }).input;
-    for (const stepInput of stepInputs(plan, at)) {
-      enqueue.spawnChild('step', { id: stepInput.stepId, input: stepInput });
-    }
+  entry: enqueueActions(({ enqueue, context }) => {
+    const at = context.createdAt;
     for (const id of context.order) {
-      if ((context.dependsOn[id] ?? []).length === 0) enqueue.sendTo(id, { type: 'deps.met', at });
+      if ((context.dependsOn[id] ?? []).length === 0) {
+        enqueue({ type: 'toStep', params: { stepId: id, event: { type: 'deps.met', at } } });
+      }
     }
   }),
   initial: 'running',
   on: {
-    'step.succeeded': { guard: 'isStepOpen', actions: 'forwardToStep' },
-    'step.failed': { guard: 'isStepOpen', actions: 'forwardToStep' },
-    'step.skipped': { guard: 'isStepOpen', actions: 'forwardToStep' },
-    'gate.approved': { guard: 'isStepOpen', actions: 'forwardToStep' },
-    'gate.rejected': { guard: 'isStepOpen', actions: 'forwardToStep' },
-    'retry.due': { guard: 'isStepOpen', actions: 'forwardToStep' },
+    'step.succeeded': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
+    'step.failed': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
+    'step.skipped': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
+    'gate.approved': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
+    'gate.rejected': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
+    'retry.due': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
     'run.cancelled': {
       guard: 'isFirstCancel',
       actions: [
@@ -247,7 +275,7 @@ export const runMachine = setup({
               : context.cancelOrdered,
         }),
         enqueueActions(({ enqueue, context, event }) => {
-          if (event.planned !== null) enqueue(emit({ type: 'planned', action: event.planned }));
+          if (event.planned !== null) enqueue({ type: 'plan', params: event.planned });
           const status = event.status;
           const unblocks = status === 'SUCCEEDED' || status === 'SKIPPED';
           const blocks = status === 'FAILED_FINAL' || status === 'CANCELLED';
@@ -259,9 +287,18 @@ export const runMachine = setup({
             if (context.cancelOrdered.includes(id)) continue;
             if (blocks) {
               blocked.push(id);
-              enqueue.sendTo(id, { type: 'deps.failed', causeStepId: event.stepId, at: event.at });
+              enqueue({
+                type: 'toStep',
+                params: {
+                  stepId: id,
+                  event: { type: 'deps.failed', causeStepId: event.stepId, at: event.at },
+                },
+              });
             } else if (deps.every((d) => satisfied(context.steps[d]))) {
-              enqueue.sendTo(id, { type: 'deps.met', at: event.at });
+              enqueue({
+                type: 'toStep',
+                params: { stepId: id, event: { type: 'deps.met', at: event.at } },
+              });
             }
           }
           if (blocked.length > 0) {
@@ -294,26 +331,13 @@ export const runMachine = setup({
       on: {
         'run.resumed': {
           target: 'running',
-          actions: enqueueActions(({ enqueue, context, event, self }) => {
-            const children = self.getSnapshot().children;
+          actions: enqueueActions(({ enqueue, context, event }) => {
             const reopened: string[] = [];
             for (const id of context.order) {
               const status = context.steps[id]?.status;
               if (status !== 'FAILED_FINAL' && status !== 'CANCELLED') continue;
-              const old = children[id]?.getSnapshot() as { context: StepContext } | undefined;
-              if (old === undefined) continue;
-              // A step actor that ended stays ended: a fresh actor takes over its id.
-              enqueue.stopChild(id);
-              enqueue.spawnChild('step', {
-                id,
-                input: {
-                  stepId: id,
-                  needsApproval: old.context.needsApproval,
-                  retry: old.context.retry,
-                  at: event.at,
-                  attempt: old.context.attempt,
-                } satisfies StepInput,
-              });
+              // A step machine that ended stays ended: a fresh one takes over its id.
+              enqueue({ type: 'reopenStep', params: { stepId: id, at: event.at } });
               reopened.push(id);
             }
             const steps = { ...context.steps };
@@ -329,7 +353,10 @@ export const runMachine = setup({
             });
             for (const id of reopened) {
               if ((context.dependsOn[id] ?? []).every((d) => satisfied(steps[d]))) {
-                enqueue.sendTo(id, { type: 'deps.met', at: event.at });
+                enqueue({
+                  type: 'toStep',
+                  params: { stepId: id, event: { type: 'deps.met', at: event.at } },
+                });
               }
             }
           }),

@@ -1,4 +1,4 @@
-import { assign, sendParent, setup } from 'xstate';
+import { assign, setup } from 'xstate';
 import { retryDelayMs } from '../internal/backoff.js';
 import type {
   GateApprovedEvent,
@@ -114,8 +114,8 @@ export const stepMachine = setup({
     input: {} as StepInput,
   },
   actions: {
-    // Replaced in unit tests through `.provide()`; inside a run it tells the parent.
-    report: sendParent((_, params: StepReport) => ({ type: 'step.reported' as const, ...params })),
+    // The kernel delivers it to the run as `step.reported`.
+    report: (_, _report: StepReport) => {},
     // Ends the step with the event's reason (a skip or a cancel); no retry stays scheduled.
     close: assign(({ event }) => ({
       reason: 'reason' in event ? event.reason : null,

@@ -1,12 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { createActor } from 'xstate';
-import {
-  advanceRun,
-  persistedSnapshot,
-  startRun,
-  type RunSnapshot,
-} from '../../src/machines/kernel.js';
-import { runMachine } from '../../src/machines/run-machine.js';
+import { advanceRun, openRun, startRun, type RunSnapshot } from '../../src/machines/kernel.js';
+import { stepMachine } from '../../src/machines/step-machine.js';
 import type { PlannedAction } from '../../src/machines/types.js';
 import type { RunEvent } from '../../src/schemas/events.js';
 import { candidateEvents } from '../helpers/run-graph.js';
@@ -49,18 +44,14 @@ describe('persist → JSON → restore', () => {
     expect(snap.value).toBe('failed');
   });
 
-  it('restoring after every event (always-restore) matches one actor that was never persisted', () => {
-    // One live actor, fed every event in turn.
-    const livePlanned: PlannedAction[] = [];
-    const live = createActor(runMachine, { input: { runId: 'p', plan, at: T0 } });
-    live.on('planned', (x) => livePlanned.push(x.action));
-    live.start();
-    for (const event of script) live.send(event);
-    const liveSnapshot = live.getPersistedSnapshot();
-    live.stop();
+  it('restoring after every event (always-restore) matches one run that was never persisted', () => {
+    // One run held in memory, fed every event in turn.
+    const first = startRun(plan, { runId: 'p', at: T0 });
+    const live = openRun(first.snapshot);
+    const livePlanned: PlannedAction[] = [...first.planned];
+    for (const event of script) livePlanned.push(...live.send(event).planned);
 
     // The kernel, rehydrating from JSON before every event.
-    const first = startRun(plan, { runId: 'p', at: T0 });
     const planned = [...first.planned];
     let snap = first.snapshot;
     for (const event of script) {
@@ -68,7 +59,7 @@ describe('persist → JSON → restore', () => {
       planned.push(...t.planned);
       snap = t.snapshot;
     }
-    expect(roundTrip(snap)).toEqual(roundTrip(liveSnapshot as unknown as RunSnapshot));
+    expect(roundTrip(snap)).toEqual(roundTrip(live.snapshot));
     expect(planned).toEqual(livePlanned);
     expect(planned.length).toBeGreaterThan(5);
   });
@@ -83,23 +74,23 @@ describe('persist → JSON → restore', () => {
   });
 });
 
-describe('the kernel reads the persisted snapshot the way xstate does', () => {
-  it('equals getPersistedSnapshot after every event of a script, also through JSON', () => {
-    const live = createActor(runMachine, { input: { runId: 'p', plan, at: T0 } });
-    live.start();
-    const check = () => {
-      const ours = persistedSnapshot(live);
-      expect(ours).toEqual(live.getPersistedSnapshot());
-      expect(JSON.parse(JSON.stringify(ours))).toEqual(
-        JSON.parse(JSON.stringify(live.getPersistedSnapshot())),
-      );
-    };
-    check();
+describe('the persisted snapshot is what xstate persists', () => {
+  it('each step restores into an xstate actor of the step machine with the same state and context', () => {
+    let snap = startRun(plan, { runId: 'p', at: T0 }).snapshot;
     for (const event of [...script, e.resume(), e.ok('e', 2)]) {
-      live.send(event);
-      check();
+      snap = roundTrip(advanceRun(snap, event).snapshot);
+      for (const [id, child] of Object.entries(snap.children)) {
+        const actor = createActor(stepMachine, {
+          snapshot: child.snapshot as never,
+          input: undefined as never,
+        });
+        const restored = actor.getPersistedSnapshot() as unknown as typeof child.snapshot;
+        expect(restored.value, id).toBe(child.snapshot.value);
+        expect(restored.context, id).toEqual(child.snapshot.context);
+        expect(restored.status, id).toBe(child.snapshot.status);
+      }
     }
-    expect(live.getSnapshot().value).toBe('succeeded');
-    live.stop();
+    expect(snap.value).toBe('succeeded');
+    expect(snap.status).toBe('done');
   });
 });
