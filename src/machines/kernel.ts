@@ -310,6 +310,7 @@ function reopenInput(old: StepContext, at: number): StepInput {
     retry: old.retry,
     at,
     attempt: old.attempt,
+    agent: old.agent,
   };
 }
 

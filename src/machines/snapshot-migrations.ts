@@ -2,9 +2,15 @@
  * The schema version of persisted run snapshots, and the migrations that bring snapshots written
  * by older releases up to it. Pure data transforms: the snapshot store applies them on read.
  */
+import type { RunSnapshot } from './kernel.js';
+import {
+  compactRunSnapshot,
+  expandRunSnapshot,
+  type StoredRunSnapshot,
+} from './stored-snapshot.js';
 
 /** The schema version this release writes. */
-export const RUN_SNAPSHOT_SCHEMA_VERSION = 2;
+export const RUN_SNAPSHOT_SCHEMA_VERSION = 3;
 
 /** One step of the chain `from → from + 1`, structurally a persistence `SnapshotMigration`. */
 export interface RunSnapshotMigration {
@@ -27,4 +33,18 @@ export const runSnapshotMigrations: readonly RunSnapshotMigration[] = [
       return { ...s, context: { ...context, stop: null, resumes: 0 } };
     },
   },
+  {
+    // v3: the stored form (see stored-snapshot.ts); steps gain `agent` (granular progress).
+    from: 2,
+    to: 3,
+    migrate: (snapshot) => compactRunSnapshot(snapshot as RunSnapshot),
+  },
 ];
+
+/** Everything a snapshot codec needs for run snapshots (`createSnapshotCodec(runSnapshotCodec)`). */
+export const runSnapshotCodec = {
+  schemaVersion: RUN_SNAPSHOT_SCHEMA_VERSION,
+  migrations: runSnapshotMigrations,
+  deflate: (snapshot: RunSnapshot): unknown => compactRunSnapshot(snapshot),
+  parse: (stored: unknown): RunSnapshot => expandRunSnapshot(stored as StoredRunSnapshot),
+};

@@ -10,6 +10,7 @@ import type {
 } from '../schemas/events.js';
 import {
   StepReason,
+  type AgentProgress,
   type PlannedAction,
   type StepContext,
   type StepReport,
@@ -23,8 +24,10 @@ export interface StepInput {
   retry: StepContext['retry'];
   /** When the step actor was created (epoch ms). */
   at: number;
-  /** Attempts already made by earlier actors of this step (a resumed run). @defaultValue 0 */
+  /** Attempts already made by earlier machines of this step (a resumed run). @defaultValue 0 */
   attempt?: number;
+  /** A granular agent step's committed turns, kept when the step is reopened. @defaultValue null */
+  agent?: AgentProgress | null;
 }
 
 /** All dependencies of the step succeeded or were skipped: it may start. */
@@ -156,6 +159,7 @@ export const stepMachine = setup({
     reason: null,
     causeStepId: null,
     abortedAttempt: null,
+    agent: input.agent ?? null,
     updatedAt: input.at,
   }),
   states: {

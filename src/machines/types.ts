@@ -113,5 +113,17 @@ export interface StepContext {
   causeStepId: string | null;
   /** Set when a RUNNING attempt was cancelled, so the host aborts it. */
   abortedAttempt: number | null;
+  /** A granular agent step's committed turns (null for every other step, and before turn 1). */
+  agent: AgentProgress | null;
   updatedAt: number;
+}
+
+/** How far a granular agent step has come: what its committed turns left behind. */
+export interface AgentProgress {
+  /** Turns committed; the next turn to run has this index (0-based). */
+  turns: number;
+  /** Messages in the step's history after the last committed turn. */
+  cursor: number;
+  /** The fingerprint hash stored by the first turn; every later turn must match it. */
+  fingerprint: string;
 }

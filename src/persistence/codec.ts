@@ -53,9 +53,16 @@ export interface SnapshotCodecOptions<S = unknown> {
   migrations?: readonly SnapshotMigration[];
   /**
    * Checks (and may narrow) a decoded, migrated snapshot; a throw marks the snapshot corrupt.
+   * With `deflate`, it also turns the stored form back into the snapshot.
    * @defaultValue the identity (the snapshot is trusted as `S`)
    */
   parse?: (snapshot: unknown) => S;
+  /**
+   * Turns a snapshot into the form that is stored (the inverse of `parse`), e.g. without what can
+   * be rebuilt.
+   * @defaultValue the identity
+   */
+  deflate?: (snapshot: S) => unknown;
 }
 
 /** Encodes and decodes snapshot envelopes of one schema version. */
@@ -159,7 +166,9 @@ export function createSnapshotCodec<S = unknown>(
   const oldestSchemaVersion = validateChain(schemaVersion, options.migrations ?? []);
   const parse = options.parse;
 
-  const encodeSnapshot = (snapshot: S): string => toJson(snapshot, 'snapshot');
+  const deflate = options.deflate;
+  const encodeSnapshot = (snapshot: S): string =>
+    toJson(deflate === undefined ? snapshot : deflate(snapshot), 'snapshot');
 
   return {
     schemaVersion,

@@ -7,10 +7,7 @@ import type { AgentDefinition } from '../agents/define-agent.js';
 import { InputValidationError } from '../errors.js';
 import type { JsonValue } from '../internal/json.js';
 import type { RunSnapshot } from '../machines/kernel.js';
-import {
-  RUN_SNAPSHOT_SCHEMA_VERSION,
-  runSnapshotMigrations,
-} from '../machines/snapshot-migrations.js';
+import { runSnapshotCodec } from '../machines/snapshot-migrations.js';
 import { parsePlan } from '../plan/parse-plan.js';
 import type { Plan } from '../plan/schema.js';
 import { createSnapshotCodec } from '../persistence/codec.js';
@@ -95,10 +92,7 @@ export class RuntimeCore {
     this.store = createSnapshotStore<RunSnapshot>({
       redis: this.redis,
       prefix: this.keys.prefix,
-      codec: createSnapshotCodec<RunSnapshot>({
-        schemaVersion: RUN_SNAPSHOT_SCHEMA_VERSION,
-        migrations: runSnapshotMigrations,
-      }),
+      codec: createSnapshotCodec<RunSnapshot>(runSnapshotCodec),
       clock: this.clock,
     });
     this.host = createRunHost({ store: this.store });

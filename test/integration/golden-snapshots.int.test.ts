@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { advanceRun, runStatus, runSteps, type RunSnapshot } from '../../src/machines/kernel.js';
 import {
   RUN_SNAPSHOT_SCHEMA_VERSION,
-  runSnapshotMigrations,
+  runSnapshotCodec,
 } from '../../src/machines/snapshot-migrations.js';
 import { createSnapshotCodec } from '../../src/persistence/codec.js';
 import { createKeys } from '../../src/persistence/keys.js';
@@ -14,7 +14,7 @@ import { e } from '../helpers/run-trace.js';
 
 // Envelopes written by earlier releases, exactly as they sit in Redis. Each must still load and
 // advance: a change to the snapshot's shape needs a migration in the store's codec, not a break.
-const fixtures = ['v1/run-gated-diamond.json'];
+const fixtures = ['v1/run-gated-diamond.json', 'v2/run-gated-diamond.json'];
 
 describe('golden run snapshots from earlier releases', () => {
   let redis: Redis;
@@ -33,10 +33,7 @@ describe('golden run snapshots from earlier releases', () => {
     ) as Record<string, string>;
     const runId = `golden-${name.replace(/\W/g, '-')}`;
     await redis.hset(createKeys(prefix).snap(runId), fields);
-    const codec = createSnapshotCodec<RunSnapshot>({
-      schemaVersion: RUN_SNAPSHOT_SCHEMA_VERSION,
-      migrations: runSnapshotMigrations,
-    });
+    const codec = createSnapshotCodec<RunSnapshot>(runSnapshotCodec);
     const store = createSnapshotStore<RunSnapshot>({ redis, prefix, codec });
     try {
       const env = await store.load(runId);
@@ -59,8 +56,15 @@ describe('golden run snapshots from earlier releases', () => {
         snap = t.snapshot;
       }
       expect(runStatus(snap)).toBe('succeeded');
+      expect(runSteps(env.snapshot).every((s) => s.agent === null)).toBe(true);
       const next = await store.commit(runId, env.version, snap, [{ type: 'test.advanced' }]);
       expect(next.version).toBe(3);
+      // Written back in the current stored form, which reads back as the same snapshot.
+      const stored = await redis.hgetall(createKeys(prefix).snap(runId));
+      expect(stored['sv']).toBe(String(RUN_SNAPSHOT_SCHEMA_VERSION));
+      expect(JSON.parse(stored['s']!)).toHaveProperty('s.d.v', 'SUCCEEDED');
+      expect(stored['s']!.length).toBeLessThan(JSON.stringify(snap).length / 2);
+      expect((await store.load(runId)).snapshot).toEqual(JSON.parse(JSON.stringify(snap)));
     } finally {
       await store.close();
     }

@@ -2,6 +2,11 @@ import { describe, expect, it } from 'vitest';
 import { createActor } from 'xstate';
 import { advanceRun, openRun, startRun, type RunSnapshot } from '../../src/machines/kernel.js';
 import { stepMachine } from '../../src/machines/step-machine.js';
+import {
+  compactRunSnapshot,
+  expandRunSnapshot,
+  type StoredRunSnapshot,
+} from '../../src/machines/stored-snapshot.js';
 import type { PlannedAction } from '../../src/machines/types.js';
 import type { RunEvent } from '../../src/schemas/events.js';
 import { candidateEvents } from '../helpers/run-graph.js';
@@ -92,5 +97,30 @@ describe('the persisted snapshot is what xstate persists', () => {
     }
     expect(snap.value).toBe('succeeded');
     expect(snap.status).toBe('done');
+  });
+});
+
+describe('the stored form (schema 3)', () => {
+  it('expands back to the same snapshot after every event, through JSON, at a third of the size', () => {
+    let snap = startRun(plan, { runId: 'p', at: T0 }).snapshot;
+    for (const event of [...script, e.resume(), e.ok('e', 2)]) {
+      snap = advanceRun(snap, event).snapshot;
+      const stored = JSON.stringify(compactRunSnapshot(snap));
+      expect(expandRunSnapshot(JSON.parse(stored) as StoredRunSnapshot)).toEqual(roundTrip(snap));
+      expect(stored.length).toBeLessThan(JSON.stringify(snap).length / 2);
+    }
+  });
+
+  it('shares one copy of each retry policy and keeps fields it does not know', () => {
+    const snap = startRun(plan, { runId: 'p', at: T0 }).snapshot;
+    const stored = compactRunSnapshot(snap);
+    expect(stored.r).toHaveLength(1);
+    expect(Object.values(stored.s).map((s) => s.r)).toEqual([0, 0, 0, 0, 0]);
+    // A gated step keeps needsApproval; the others leave it out at its default.
+    expect(stored.s['b']).toMatchObject({ v: 'PENDING', needsApproval: true });
+    expect(stored.s['a']).not.toHaveProperty('needsApproval');
+    (stored.s['a'] as Record<string, unknown>)['future'] = { x: 1 };
+    const back = expandRunSnapshot(JSON.parse(JSON.stringify(stored)) as StoredRunSnapshot);
+    expect(back.children['a']?.snapshot.context).toMatchObject({ future: { x: 1 }, agent: null });
   });
 });

@@ -1,0 +1,139 @@
+/**
+ * The stored form of a run snapshot (schema version 3): the same state as the persisted
+ * `RunSnapshot`, without what can be rebuilt. Every commit writes the whole snapshot, so its size
+ * is paid on every step: in the xstate form, a 10-step run is about 5 KB, most of it the fields
+ * every step repeats (an unchanged retry policy, nulls, empty history and children objects); the
+ * stored form is about a third of that. Pure.
+ *
+ *   { v: run state value, c: run context, r: [retry policies], s: { stepId: step } }
+ *   step: { v: state value, r: index into r, …every context field that is not its default }
+ *
+ * A field this release does not know is kept as it is, so a newer field survives an older reader.
+ */
+import type { RunSnapshot } from './kernel.js';
+import type { RunContext } from './run-machine.js';
+import { isFinalStepStatus, type StepContext, type StepStatus } from './types.js';
+
+/** The stored form (schema version 3). */
+export interface StoredRunSnapshot {
+  /** The run machine's state value. */
+  v: string;
+  /** The run machine's status when it is not `active`. */
+  st?: string;
+  c: RunContext;
+  /** The distinct retry policies of the steps. */
+  r: StepContext['retry'][];
+  s: Record<string, StoredStep>;
+}
+
+/** A step in the stored form: its state value, its retry policy's index, its other context fields. */
+export interface StoredStep {
+  v: StepStatus;
+  r: number;
+  [field: string]: unknown;
+}
+
+// Context fields a step starts with and keeps for most of its life: left out while they hold it.
+const DEFAULTS: Readonly<Record<string, unknown>> = {
+  needsApproval: false,
+  approval: null,
+  rejection: null,
+  output: null,
+  error: null,
+  retryAt: null,
+  reason: null,
+  causeStepId: null,
+  abortedAttempt: null,
+  agent: null,
+};
+
+// The order a step machine lays its context out in, so an expanded snapshot reads the same.
+const CONTEXT_ORDER = [
+  'stepId',
+  'needsApproval',
+  'retry',
+  'attempt',
+  'approval',
+  'rejection',
+  'output',
+  'error',
+  'retryAt',
+  'reason',
+  'causeStepId',
+  'abortedAttempt',
+  'agent',
+  'updatedAt',
+] as const;
+
+const policyKey = (p: StepContext['retry']): string =>
+  `${p.maxAttempts}/${p.initialDelayMs}/${p.backoffCoefficient}/${p.maxDelayMs}/${p.jitter}`;
+
+/** The stored form of a persisted run snapshot. */
+export function compactRunSnapshot(snapshot: RunSnapshot): StoredRunSnapshot {
+  const policies: StepContext['retry'][] = [];
+  const index = new Map<string, number>();
+  const steps: Record<string, StoredStep> = {};
+  for (const [id, child] of Object.entries(snapshot.children)) {
+    const { value, context } = child.snapshot;
+    const key = policyKey(context.retry);
+    let r = index.get(key);
+    if (r === undefined) {
+      r = policies.push(context.retry) - 1;
+      index.set(key, r);
+    }
+    const step: StoredStep = { v: value, r };
+    for (const [field, fieldValue] of Object.entries(context)) {
+      if (field === 'stepId' || field === 'retry') continue;
+      if (field in DEFAULTS && DEFAULTS[field] === fieldValue) continue;
+      step[field] = fieldValue;
+    }
+    steps[id] = step;
+  }
+  const stored: StoredRunSnapshot = {
+    v: snapshot.value,
+    c: snapshot.context,
+    r: policies,
+    s: steps,
+  };
+  if (snapshot.status !== 'active') stored.st = snapshot.status;
+  return stored;
+}
+
+/** The persisted run snapshot a stored form stands for. */
+export function expandRunSnapshot(stored: StoredRunSnapshot): RunSnapshot {
+  const children: RunSnapshot['children'] = {};
+  for (const [id, step] of Object.entries(stored.s)) {
+    const { v, r, ...fields } = step;
+    const retry = stored.r[r];
+    if (retry === undefined)
+      throw new Error(`step "${id}" names retry policy ${r}, which is absent`);
+    const context: Record<string, unknown> = {};
+    for (const field of CONTEXT_ORDER) {
+      if (field === 'stepId') context[field] = id;
+      else if (field === 'retry') context[field] = retry;
+      else context[field] = field in fields ? fields[field] : DEFAULTS[field];
+    }
+    // Fields of a newer release, kept as they are.
+    for (const [field, value] of Object.entries(fields)) {
+      if (!(field in context)) context[field] = value;
+    }
+    children[id] = {
+      snapshot: {
+        status: isFinalStepStatus(v) ? 'done' : 'active',
+        value: v,
+        historyValue: {},
+        context: context as unknown as StepContext,
+        children: {},
+      },
+      src: 'step',
+      syncSnapshot: false,
+    };
+  }
+  return {
+    status: (stored.st ?? 'active') as RunSnapshot['status'],
+    value: stored.v,
+    historyValue: {},
+    context: stored.c,
+    children,
+  };
+}
