@@ -65,27 +65,44 @@ const CONTEXT_ORDER = [
   'updatedAt',
 ] as const;
 
-const policyKey = (p: StepContext['retry']): string =>
-  `${p.maxAttempts}/${p.initialDelayMs}/${p.backoffCoefficient}/${p.maxDelayMs}/${p.jitter}`;
+const KNOWN = new Set<string>(CONTEXT_ORDER);
 
-/** The stored form of a persisted run snapshot. */
+function samePolicy(a: StepContext['retry'], b: StepContext['retry']): boolean {
+  return (
+    a.maxAttempts === b.maxAttempts &&
+    a.initialDelayMs === b.initialDelayMs &&
+    a.backoffCoefficient === b.backoffCoefficient &&
+    a.maxDelayMs === b.maxDelayMs &&
+    a.jitter === b.jitter
+  );
+}
+
+/** The stored form of a persisted run snapshot. Runs on every commit: kept to plain loops. */
 export function compactRunSnapshot(snapshot: RunSnapshot): StoredRunSnapshot {
   const policies: StepContext['retry'][] = [];
-  const index = new Map<string, number>();
   const steps: Record<string, StoredStep> = {};
-  for (const [id, child] of Object.entries(snapshot.children)) {
-    const { value, context } = child.snapshot;
-    const key = policyKey(context.retry);
-    let r = index.get(key);
-    if (r === undefined) {
-      r = policies.push(context.retry) - 1;
-      index.set(key, r);
+  const children = snapshot.children;
+  for (const id in children) {
+    const { value, context } = (children[id] as RunSnapshot['children'][string]).snapshot;
+    let r = policies.length;
+    for (let i = 0; i < policies.length; i++) {
+      if (samePolicy(policies[i] as StepContext['retry'], context.retry)) {
+        r = i;
+        break;
+      }
     }
+    if (r === policies.length) policies.push(context.retry);
     const step: StoredStep = { v: value, r };
-    for (const [field, fieldValue] of Object.entries(context)) {
+    const fields = context as unknown as Record<string, unknown>;
+    for (let i = 0; i < CONTEXT_ORDER.length; i++) {
+      const field = CONTEXT_ORDER[i] as string;
       if (field === 'stepId' || field === 'retry') continue;
-      if (field in DEFAULTS && DEFAULTS[field] === fieldValue) continue;
-      step[field] = fieldValue;
+      const fieldValue = fields[field];
+      if (fieldValue !== DEFAULTS[field] && fieldValue !== undefined) step[field] = fieldValue;
+    }
+    // Fields of a newer release (rare): found only when the context has more keys than known.
+    if (Object.keys(fields).length > CONTEXT_ORDER.length) {
+      for (const field of Object.keys(fields)) if (!KNOWN.has(field)) step[field] = fields[field];
     }
     steps[id] = step;
   }
