@@ -1,19 +1,23 @@
 import {
   BudgetExceededError,
   ConfigurationError,
+  InvariantError,
   toFlujoError,
   type SerializedError,
 } from '../errors.js';
 import { canonicalHash } from '../internal/canonical-hash.js';
 import { findNonJson, type JsonValue } from '../internal/json.js';
 import type { StepState } from '../machines/kernel.js';
-import type { PlanStep } from '../plan/schema.js';
+import type { AgentStep, PlanStep } from '../plan/schema.js';
+import type { ChatMessage } from '../llm/messages.js';
+import type { FingerprintStore } from '../persistence/fingerprint-store.js';
+import type { ModelJournal } from '../persistence/model-journal.js';
 import type { Ledger } from '../persistence/ledger.js';
 import { callTool } from '../tools/call-tool.js';
 import type { ToolRegistry } from '../tools/registry.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
 import type { ModelClient } from '../llm/openai-client.js';
-import { runAtomicAgent } from './run-agent.js';
+import { runAtomicAgent, takeTurn, type TurnResult } from './run-agent.js';
 
 /** What an operator receives. */
 export interface OperatorContext {
@@ -56,6 +60,44 @@ export interface StepExecutionDeps {
   countToolCall(runId: string): Promise<number>;
   maxToolCalls: number | undefined;
   leaseMs: number;
+  journal: ModelJournal;
+  fingerprints: FingerprintStore;
+  /** A granular step's committed history, messages `[0, cursor)`. */
+  readHistory: (runId: string, stepId: string, cursor: number) => Promise<ChatMessage[]>;
+  /** Receives streamed reply text of an agent step (not persisted). */
+  onChunk?: (chunk: StreamedText) => void;
+}
+
+/** A piece of an agent's reply as it streams in. */
+export interface StreamedText {
+  runId: string;
+  stepId: string;
+  attempt: number;
+  /** The turn (0-based) whose reply this is. */
+  turn: number;
+  /** Position of the piece within the turn's reply, from 0. */
+  seq: number;
+  text: string;
+}
+
+/** Numbers the pieces of each turn's reply and hands them to `deps.onChunk`. */
+function chunkSink(
+  deps: StepExecutionDeps,
+  where: { runId: string; stepId: string; attempt: number },
+): { onChunk?: (delta: string, turn: number) => void } {
+  const sink = deps.onChunk;
+  if (sink === undefined) return {};
+  let turnOf = -1;
+  let seq = 0;
+  return {
+    onChunk: (text, turn) => {
+      if (turn !== turnOf) {
+        turnOf = turn;
+        seq = 0;
+      }
+      sink({ ...where, turn, seq: seq++, text });
+    },
+  };
 }
 
 /** What one step attempt came to: an output, a failure, or a budget stop of the whole run. */
@@ -63,6 +105,79 @@ export type StepResult =
   | { kind: 'succeeded'; output: JsonValue }
   | { kind: 'failed'; error: SerializedError }
   | { kind: 'budget'; error: BudgetExceededError };
+
+/** What one granular turn came to: the turn to commit, a failure, or a budget stop. */
+export type TurnOutcome =
+  | { kind: 'turn'; turn: TurnResult }
+  | { kind: 'failed'; error: SerializedError }
+  | { kind: 'budget'; error: BudgetExceededError };
+
+/** The registered agent an agent step names; `ConfigurationError` naming the fix when there is none. */
+function resolveAgent(deps: StepExecutionDeps, step: AgentStep): AgentDefinition {
+  const agent = deps.agents.get(step.agent);
+  if (agent === undefined) {
+    const known = [...deps.agents.keys()].join(', ') || '(none)';
+    throw new ConfigurationError(
+      `no agent "${step.agent}" is registered in this worker (step "${step.id}"); register it with runtime.agent(defineAgent({ name: "${step.agent}", … })). Registered: ${known}`,
+    );
+  }
+  return agent;
+}
+
+/** The failure a thrown value stands for, or the budget stop it is (the exception choke point). */
+function failureOf(thrown: unknown): Exclude<StepResult, { kind: 'succeeded' }> {
+  if (thrown instanceof BudgetExceededError) return { kind: 'budget', error: thrown };
+  return { kind: 'failed', error: toFlujoError(thrown, true).toJSON() };
+}
+
+/**
+ * Takes turn `turn` of a granular agent step (see `takeTurn`), with the same choke point as a
+ * step: whatever it throws becomes a failure with its retryability, a budget hit is returned apart.
+ */
+export async function executeTurn(
+  deps: StepExecutionDeps,
+  args: {
+    step: AgentStep;
+    state: StepState;
+    runId: string;
+    tenantId: string;
+    runInput: JsonValue;
+    turn: number;
+    signal: AbortSignal;
+  },
+): Promise<TurnOutcome> {
+  const { step, state, runId, tenantId, signal } = args;
+  try {
+    const agent = resolveAgent(deps, step);
+    const turn = await takeTurn(
+      {
+        ledger: deps.ledger,
+        leaseMs: deps.leaseMs,
+        clientFor: deps.clientFor,
+        beforeToolRun: () => countToolCall(deps, runId),
+        journal: deps.journal,
+        fingerprints: deps.fingerprints,
+        readHistory: deps.readHistory,
+        ...chunkSink(deps, { runId, stepId: step.id, attempt: state.attempt }),
+      },
+      {
+        agent,
+        step,
+        input: step.input === undefined ? args.runInput : step.input,
+        runId,
+        tenantId,
+        attempt: state.attempt,
+        signal,
+        turn: args.turn,
+        cursor: state.agent?.cursor ?? 0,
+        fingerprint: state.agent?.fingerprint ?? null,
+      },
+    );
+    return { kind: 'turn', turn };
+  } catch (thrown) {
+    return failureOf(thrown);
+  }
+}
 
 const sha256 = (value: unknown): string => canonicalHash(value, 'idempotency key inputs');
 
@@ -122,8 +237,7 @@ export async function executeStep(
     }
     return { kind: 'succeeded', output: (output ?? null) as JsonValue };
   } catch (thrown) {
-    if (thrown instanceof BudgetExceededError) return { kind: 'budget', error: thrown };
-    return { kind: 'failed', error: toFlujoError(thrown, true).toJSON() };
+    return failureOf(thrown);
   }
 
   async function run(): Promise<unknown> {
@@ -132,28 +246,21 @@ export async function executeStep(
         // The gate was approved (that is how the step got to run): its output is the decision.
         return { approvedBy: state.approval?.by ?? null, comment: state.approval?.comment ?? null };
       case 'agent': {
-        const agent = deps.agents.get(step.agent);
-        if (agent === undefined) {
-          const known = [...deps.agents.keys()].join(', ') || '(none)';
-          throw new ConfigurationError(
-            `no agent "${step.agent}" is registered in this worker (step "${step.id}"); register it with runtime.agent(defineAgent({ name: "${step.agent}", … })). Registered: ${known}`,
-          );
-        }
+        const agent = resolveAgent(deps, step);
         if (step.mode === 'granular') {
-          throw new ConfigurationError(
-            `step "${step.id}" asks for mode "granular", which this release does not run yet; use mode "atomic" (the default)`,
-          );
+          // Granular steps run one turn per job (see the worker's turn jobs), never here.
+          throw new InvariantError(`granular step "${step.id}" was given to a step job`);
         }
-        const result = await runAtomicAgent(
+        return await runAtomicAgent(
           {
             ledger: deps.ledger,
             leaseMs: deps.leaseMs,
             clientFor: deps.clientFor,
             beforeToolRun: () => countToolCall(deps, runId),
+            ...chunkSink(deps, { runId, stepId: step.id, attempt: state.attempt }),
           },
           { agent, step, input, runId, tenantId, attempt: state.attempt, signal },
         );
-        return result;
       }
       default: {
         const name = step.kind === 'operator' ? step.operator : step.policy;

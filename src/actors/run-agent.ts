@@ -1,13 +1,26 @@
-import { ConfigurationError, MaxTurnsExceededError } from '../errors.js';
+import { ResumeError } from '../errors.js';
+import { debugPoint, DebugPoint } from '../internal/debug-points.js';
 import type { JsonValue } from '../internal/json.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
+import {
+  agentFingerprint,
+  compareFingerprints,
+  type AgentFingerprint,
+} from '../agents/fingerprint.js';
 import { createModelClient, type ModelClient } from '../llm/openai-client.js';
-import { toolCallsOf, type ChatMessage, type ModelUsage } from '../llm/messages.js';
+import {
+  toolCallsOf,
+  type ChatMessage,
+  type ModelReply,
+  type ModelUsage,
+} from '../llm/messages.js';
 import type { AgentStep } from '../plan/schema.js';
-import type { Ledger } from '../persistence/ledger.js';
-import { callTool } from '../tools/call-tool.js';
+import type { FingerprintStore } from '../persistence/fingerprint-store.js';
+import type { ModelJournal } from '../persistence/model-journal.js';
+import { MaxTurnsExceededError } from '../errors.js';
+import { runToolCalls, type ToolRunDeps } from './agent-tools.js';
 
-/** What an atomic agent step returns: the final answer and what it took. */
+/** What an agent step returns: the final answer and what it took. */
 export interface AgentResult {
   answer: string | null;
   turns: number;
@@ -15,14 +28,12 @@ export interface AgentResult {
   usage: { promptTokens: number; completionTokens: number };
 }
 
-/** What an atomic agent loop needs from the worker. */
-export interface AgentLoopDeps {
-  ledger: Ledger;
-  leaseMs: number;
-  /** Called before each tool call that will really run (budgets). */
-  beforeToolRun: () => Promise<void>;
+/** What an agent loop needs from the worker. */
+export interface AgentLoopDeps extends ToolRunDeps {
   /** One client per agent, reused across steps (the openai client keeps its connections). */
   clientFor: (agent: AgentDefinition) => ModelClient;
+  /** Receives reply text of turn `turn` as it streams in (agents that stream). */
+  onChunk?: (delta: string, turn: number) => void;
 }
 
 /** Caches one model client per agent definition. */
@@ -38,8 +49,20 @@ export function modelClients(): (agent: AgentDefinition) => ModelClient {
   };
 }
 
-function userMessage(input: JsonValue): ChatMessage {
+/** The step's input as the conversation's first user message. */
+export function userMessage(input: JsonValue): ChatMessage {
   return { role: 'user', content: typeof input === 'string' ? input : JSON.stringify(input) };
+}
+
+/** Where an agent step runs. */
+export interface AgentStepArgs {
+  agent: AgentDefinition;
+  step: AgentStep;
+  input: JsonValue;
+  runId: string;
+  tenantId: string;
+  attempt: number;
+  signal: AbortSignal;
 }
 
 /**
@@ -52,72 +75,177 @@ function userMessage(input: JsonValue): ChatMessage {
  */
 export async function runAtomicAgent(
   deps: AgentLoopDeps,
-  args: {
-    agent: AgentDefinition;
-    step: AgentStep;
-    input: JsonValue;
-    runId: string;
-    tenantId: string;
-    attempt: number;
-    signal: AbortSignal;
-  },
+  args: AgentStepArgs,
 ): Promise<AgentResult> {
   const { agent, step, runId, tenantId, attempt, signal } = args;
-  const tools = new Map(agent.tools.map((t) => [t.name, t]));
   const client = deps.clientFor(agent);
   const messages: ChatMessage[] = [userMessage(args.input)];
   const usage = { promptTokens: 0, completionTokens: 0 };
   let toolCalls = 0;
-  for (let turn = 1; turn <= step.maxTurns; turn++) {
-    const reply = await client.complete({ messages, signal });
+  for (let turn = 0; turn < step.maxTurns; turn++) {
+    const onChunk = deps.onChunk;
+    const reply = await client.complete({
+      messages,
+      signal,
+      ...(onChunk === undefined ? {} : { onChunk: (d: string) => onChunk(d, turn) }),
+    });
     add(usage, reply.usage);
     messages.push(reply.message);
     const calls = toolCallsOf(reply.message);
     if (calls.length === 0) {
-      return { answer: reply.message.content, turns: turn, toolCalls, usage };
+      return { answer: reply.message.content, turns: turn + 1, toolCalls, usage };
     }
-    for (const call of calls) {
-      const tool = tools.get(call.name);
-      if (tool === undefined) {
-        throw new ConfigurationError(
-          `the model called tool "${call.name}", which agent "${agent.name}" does not have (it has: ${[...tools.keys()].join(', ') || 'none'}); add it to the agent's tools or fix the system prompt`,
-        );
-      }
-      let parsed: unknown;
-      try {
-        parsed = call.arguments === '' ? {} : JSON.parse(call.arguments);
-      } catch {
-        // The model's mistake, told back to the model like a tool result, so it can correct it.
-        messages.push({
-          role: 'tool',
-          tool_call_id: call.id,
-          content: `error: the arguments are not JSON: ${call.arguments.slice(0, 200)}`,
-        });
-        continue;
-      }
-      const result = await callTool({
-        ledger: deps.ledger,
-        tool,
-        args: parsed,
-        ctx: { runId, stepId: step.id, tenantId, attempt, signal },
-        leaseMs: deps.leaseMs,
-        beforeRun: deps.beforeToolRun,
-      });
-      toolCalls++;
-      messages.push({
-        role: 'tool',
-        tool_call_id: call.id,
-        content: JSON.stringify(result.receipt),
-      });
-    }
+    const results = await runToolCalls(
+      deps,
+      {
+        agent,
+        runId,
+        stepId: step.id,
+        tenantId,
+        attempt,
+        turn,
+        enforceIdempotency: step.enforceIdempotency,
+        mode: 'atomic',
+        signal,
+      },
+      calls,
+    );
+    toolCalls += calls.length;
+    messages.push(...results);
   }
   throw new MaxTurnsExceededError(step.id, step.maxTurns);
 }
 
-function add(
-  total: { promptTokens: number; completionTokens: number },
-  u: ModelUsage | null,
-): void {
+/** The fingerprint a granular step's turns run under (DESIGN §5). */
+export function stepFingerprint(
+  agent: AgentDefinition,
+  step: AgentStep,
+  input: JsonValue,
+): AgentFingerprint {
+  return agentFingerprint({
+    input,
+    systemPrompt: agent.systemPrompt,
+    model: agent.model,
+    provider: agent.provider,
+    tools: agent.tools,
+    settings: agent.settings,
+    toggles: {
+      enforceIdempotency: step.enforceIdempotency,
+      blobThresholdBytes: step.blobThresholdBytes,
+      historyMaxTokens: step.historyMaxTokens,
+    },
+    mode: step.mode,
+  });
+}
+
+/** What a granular turn needs beyond an agent loop's needs. */
+export interface TurnDeps extends AgentLoopDeps {
+  journal: ModelJournal;
+  fingerprints: FingerprintStore;
+  /** The step's committed history, messages `[0, cursor)`. */
+  readHistory: (runId: string, stepId: string, cursor: number) => Promise<ChatMessage[]>;
+}
+
+/** Where a granular turn runs: the step, and what its committed turns left behind. */
+export interface TurnArgs extends AgentStepArgs {
+  /** The turn to take (0-based): the number of turns committed so far. */
+  turn: number;
+  /** Messages the committed history holds. */
+  cursor: number;
+  /** The fingerprint hash the first turn stored, or null before the first commit. */
+  fingerprint: string | null;
+}
+
+/** What a granular turn came to; the caller commits it. */
+export interface TurnResult {
+  /** The messages this turn adds to the history, in order. */
+  messages: ChatMessage[];
+  /** The fingerprint hash the turn ran under. */
+  fingerprint: string;
+  /** The step's result when the reply was a final answer; null when the loop goes on. */
+  final: AgentResult | null;
+}
+
+/**
+ * One turn of a granular agent step (DESIGN §3 steps 3, 5 and 6): checks the fingerprint (a
+ * mismatch is an irrecoverable `ResumeError` and nothing runs), takes the model's reply from the
+ * journal or asks the model and journals the reply before any tool runs, then runs the reply's
+ * tool calls through the ledger keyed by `sha256(runId:stepId:turn:toolCallId)`. Nothing here
+ * commits: a failure leaves the committed history and turn as they were.
+ */
+export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResult> {
+  const { agent, step, runId, tenantId, attempt, signal, turn, cursor } = args;
+  const current = stepFingerprint(agent, step, args.input);
+  if (args.fingerprint !== null && args.fingerprint !== current.hash) {
+    const stored = await deps.fingerprints.get(runId, step.id);
+    const changed = stored === null ? null : compareFingerprints(stored, current);
+    throw changed === null
+      ? new ResumeError(
+          `Cannot resume step "${step.id}" of run "${runId}": its fingerprint changed since the run started (what changed is not on record); start a new run, or restore the agent and step as they were.`,
+          { recoverable: false, runId, stepId: step.id },
+        )
+      : ResumeError.fingerprintMismatch(changed.field, { runId, stepId: step.id });
+  }
+  if (args.fingerprint === null) await deps.fingerprints.save(runId, step.id, current);
+
+  const history = cursor === 0 ? [] : await deps.readHistory(runId, step.id, cursor);
+  const added: ChatMessage[] = turn === 0 ? [userMessage(args.input)] : [];
+  let reply = await deps.journal.get(runId, step.id, turn);
+  if (reply === null) {
+    const onChunk = deps.onChunk;
+    const fresh = await deps.clientFor(agent).complete({
+      messages: [...history, ...added],
+      signal,
+      ...(onChunk === undefined ? {} : { onChunk: (d: string) => onChunk(d, turn) }),
+    });
+    debugPoint(DebugPoint.afterModelReply, `${step.id}:${turn}`);
+    // The first reply recorded for the turn wins: a worker racing this one uses the same reply.
+    reply = (await deps.journal.record(runId, step.id, turn, fresh)).reply;
+    debugPoint(DebugPoint.afterJournal, `${step.id}:${turn}`);
+  }
+  added.push(reply.message);
+  const calls = toolCallsOf(reply.message);
+  if (calls.length === 0) {
+    const conversation = [...history, ...added];
+    const replies = await deps.journal.replies(runId, step.id, turn + 1);
+    return {
+      messages: added,
+      fingerprint: current.hash,
+      final: {
+        answer: reply.message.content,
+        turns: turn + 1,
+        toolCalls: conversation.filter((m) => m.role === 'tool').length,
+        usage: totalUsage(replies),
+      },
+    };
+  }
+  const results = await runToolCalls(
+    deps,
+    {
+      agent,
+      runId,
+      stepId: step.id,
+      tenantId,
+      attempt,
+      turn,
+      enforceIdempotency: step.enforceIdempotency,
+      mode: 'granular',
+      signal,
+    },
+    calls,
+  );
+  debugPoint(DebugPoint.afterTools, `${step.id}:${turn}`);
+  added.push(...results);
+  return { messages: added, fingerprint: current.hash, final: null };
+}
+
+function totalUsage(replies: readonly (ModelReply | null)[]): AgentResult['usage'] {
+  const usage = { promptTokens: 0, completionTokens: 0 };
+  for (const reply of replies) add(usage, reply?.usage ?? null);
+  return usage;
+}
+
+function add(total: AgentResult['usage'], u: ModelUsage | null): void {
   if (u === null) return;
   total.promptTokens += u.promptTokens;
   total.completionTokens += u.completionTokens;

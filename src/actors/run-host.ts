@@ -14,7 +14,11 @@ import { RUN_SNAPSHOT_SCHEMA_VERSION } from '../machines/snapshot-migrations.js'
 import type { RunStatus } from '../machines/types.js';
 import type { Plan } from '../plan/schema.js';
 import type { SnapshotEnvelope } from '../persistence/codec.js';
-import type { RunEventRecord, SnapshotStore } from '../persistence/snapshot-store.js';
+import type {
+  CommitOptions,
+  RunEventRecord,
+  SnapshotStore,
+} from '../persistence/snapshot-store.js';
 import type { RunEvent } from '../schemas/events.js';
 
 /** What a run's stream says when it ends: what it produced, and where and why it stopped. */
@@ -159,19 +163,33 @@ export interface RunHost {
     meta: Readonly<Record<string, string>>,
   ): Promise<AppliedEvent>;
   /**
-   * Feeds `event` to the run. On a lost race, reloads and decides again (the event is a fact, so
-   * deciding again is safe); an event the new state no longer accepts is dropped.
+   * Feeds `event` to the run, or several events in order, committed together (all or nothing).
+   * On a lost race, reloads and decides again (events are facts, so deciding again is safe); an
+   * event the new state no longer accepts is dropped, and with it the whole batch. `options`
+   * carries list appends (an agent turn's messages) committed with the snapshot.
    */
   apply(
     runId: string,
-    event: RunEvent,
+    event: RunEvent | readonly RunEvent[],
     loaded?: SnapshotEnvelope<RunSnapshot>,
+    options?: CommitOptions,
   ): Promise<AppliedEvent>;
   /**
    * The run's envelope: from the run held open in memory when its version is still the stored one
    * (a one-field read), else loaded whole.
    */
   load(runId: string): Promise<SnapshotEnvelope<RunSnapshot>>;
+}
+
+/** Two transitions in a row as one: the second's snapshot and status, both plans and changes. */
+function merge(a: RunTransition, b: RunTransition): RunTransition {
+  return {
+    snapshot: b.snapshot,
+    status: b.status,
+    planned: [...a.planned, ...b.planned],
+    changes: [...a.changes, ...b.changes],
+    accepted: a.accepted && b.accepted,
+  };
 }
 
 /** Creates a {@link RunHost} over a snapshot store. */
@@ -207,24 +225,41 @@ export function createRunHost({
       return { envelope, transition, committed: true };
     },
 
-    async apply(runId, event, loaded) {
+    async apply(runId, event, loaded, options) {
+      const events: readonly RunEvent[] = Array.isArray(event) ? event : [event as RunEvent];
       let envelope = loaded ?? (await store.load(runId));
       for (let conflicts = 0; ; conflicts++) {
-        const valid = validateRunEvent(envelope.snapshot, event);
-        const status = runStatus(envelope.snapshot);
+        const valid = events.map((e) => validateRunEvent(envelope.snapshot, e));
+        let status = runStatus(envelope.snapshot);
         const run = open.take(runId, envelope.version) ?? openRun(envelope.snapshot);
-        const t = run.send(valid);
-        if (!t.accepted) {
-          open.put(runId, envelope.version, run);
-          return { envelope, transition: t, committed: false };
+        const facts: RunEventRecord[] = [];
+        let t: RunTransition | undefined;
+        let refused = false;
+        for (const e of valid) {
+          const step = run.send(e);
+          if (!step.accepted) {
+            refused = true;
+            break;
+          }
+          facts.push(...factsOf(e, status, step));
+          status = step.status;
+          t = t === undefined ? step : merge(t, step);
+        }
+        if (refused || t === undefined) {
+          // A batch is all or nothing: the events taken before the refused one stay uncommitted.
+          if (valid.length === 1) open.put(runId, envelope.version, run);
+          else run.close();
+          const unchanged = {
+            snapshot: envelope.snapshot,
+            status: runStatus(envelope.snapshot),
+            planned: [],
+            changes: [],
+            accepted: false,
+          };
+          return { envelope, transition: unchanged, committed: false };
         }
         try {
-          const next = await store.commit(
-            runId,
-            envelope.version,
-            t.snapshot,
-            factsOf(event, status, t),
-          );
+          const next = await store.commit(runId, envelope.version, t.snapshot, facts, options);
           open.put(runId, next.version, run);
           return { envelope: next, transition: t, committed: true };
         } catch (error) {

@@ -10,7 +10,14 @@ import type { ToolDefinition } from '../tools/define-tool.js';
 const cache = new WeakMap<object, JsonObject>();
 
 /**
- * The JSON Schema (draft 2020-12, without `$schema`) of the arguments `tool` accepts. Throws
+ * The argument in which a tool that must take an agent turn's idempotency key receives it. The
+ * runtime fills it in, so the model is not shown it.
+ */
+export const IDEMPOTENCY_KEY_ARG = 'idempotency_key';
+
+/**
+ * The JSON Schema (draft 2020-12, without `$schema`) of the arguments `tool` accepts, less the
+ * `idempotency_key` the runtime fills in. Throws
  * `ConfigurationError` when the input is not an object schema or cannot be expressed in JSON Schema
  * (a model can only send JSON objects as arguments).
  */
@@ -34,6 +41,14 @@ export function toolParametersSchema(tool: Pick<ToolDefinition, 'name' | 'input'
     );
   }
   const { $schema: _ignored, ...rest } = schema;
+  const properties = rest['properties'];
+  if (typeof properties === 'object' && properties !== null && IDEMPOTENCY_KEY_ARG in properties) {
+    const { [IDEMPOTENCY_KEY_ARG]: _key, ...shown } = properties as Record<string, unknown>;
+    rest['properties'] = shown;
+    if (Array.isArray(rest['required'])) {
+      rest['required'] = (rest['required'] as unknown[]).filter((r) => r !== IDEMPOTENCY_KEY_ARG);
+    }
+  }
   // Shared between every agent and request that uses the tool: nobody may change it.
   const parameters = deepFreeze(rest) as JsonObject;
   cache.set(tool.input, parameters);

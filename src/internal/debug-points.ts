@@ -10,6 +10,14 @@ export const DebugPoint = {
   afterReceipt: 'after-receipt',
   /** The step's result is committed; the next unit of work is not yet enqueued. */
   afterCommit: 'after-commit',
+  /** A model replied to an agent turn; the reply is not yet in the journal. */
+  afterModelReply: 'after-model-reply',
+  /** The turn's reply is journaled; no tool of the turn has run yet. */
+  afterJournal: 'after-journal',
+  /** One tool call of a turn is done (receipt recorded); the next has not started. */
+  betweenTools: 'between-tools',
+  /** Every tool call of the turn is done; the turn is not yet committed. */
+  afterTools: 'after-tools',
 } as const;
 /** A value of {@link DebugPoint}. */
 export type DebugPoint = (typeof DebugPoint)[keyof typeof DebugPoint];

@@ -307,6 +307,7 @@ function reopenInput(old: StepContext, at: number): StepInput {
   return {
     stepId: old.stepId,
     needsApproval: old.needsApproval,
+    granular: old.granular,
     retry: old.retry,
     at,
     attempt: old.attempt,

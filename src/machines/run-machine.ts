@@ -119,6 +119,7 @@ export function stepInputs(plan: Plan, at: number): StepInput[] {
   return plan.steps.map((step) => ({
     stepId: step.id,
     needsApproval: stepNeedsApproval(step),
+    granular: step.kind === 'agent' && step.mode === 'granular',
     retry: {
       maxAttempts: step.retry.maxAttempts,
       initialDelayMs: step.retry.initialDelayMs,
@@ -227,6 +228,7 @@ export const runMachine = setup({
     'gate.approved': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
     'gate.rejected': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
     'retry.due': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
+    'turn.committed': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
     'run.cancelled': {
       guard: 'isFirstCancel',
       actions: [

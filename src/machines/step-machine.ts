@@ -7,6 +7,7 @@ import type {
   StepFailedEvent,
   StepSkippedEvent,
   StepSucceededEvent,
+  TurnCommittedEvent,
 } from '../schemas/events.js';
 import {
   StepReason,
@@ -21,6 +22,8 @@ import {
 export interface StepInput {
   stepId: string;
   needsApproval: boolean;
+  /** Driven one turn per unit of work (a granular agent step). @defaultValue false */
+  granular?: boolean;
   retry: StepContext['retry'];
   /** When the step actor was created (epoch ms). */
   at: number;
@@ -56,6 +59,7 @@ export type StepEvent =
   | GateApprovedEvent
   | GateRejectedEvent
   | RetryDueEvent
+  | TurnCommittedEvent
   | DepsMetEvent
   | DepsFailedEvent
   | StepCancelEvent;
@@ -142,6 +146,14 @@ export const stepMachine = setup({
     isSkipOfRunningAttempt: ({ context, event }) =>
       event.type === 'step.skipped' && event.attempt === context.attempt,
     isSkipRequest: ({ event }) => event.type === 'step.skipped' && event.attempt === undefined,
+    // The current attempt's next turn, under the fingerprint the first turn stored.
+    isNextTurn: ({ context, event }) =>
+      event.type === 'turn.committed' &&
+      context.granular &&
+      event.attempt === context.attempt &&
+      event.turn === (context.agent?.turns ?? 0) &&
+      event.cursor > (context.agent?.cursor ?? 0) &&
+      (context.agent === null || event.fingerprint === context.agent.fingerprint),
   },
 }).createMachine({
   id: 'step',
@@ -149,6 +161,7 @@ export const stepMachine = setup({
   context: ({ input }) => ({
     stepId: input.stepId,
     needsApproval: input.needsApproval,
+    granular: input.granular ?? false,
     retry: input.retry,
     attempt: input.attempt ?? 0,
     approval: null,
@@ -252,6 +265,17 @@ export const stepMachine = setup({
             }),
           },
         ],
+        'turn.committed': {
+          guard: 'isNextTurn',
+          actions: assign({
+            agent: ({ event }) => ({
+              turns: event.turn + 1,
+              cursor: event.cursor,
+              fingerprint: event.fingerprint,
+            }),
+            updatedAt: ({ event }) => event.at,
+          }),
+        },
         'step.skipped': { guard: 'isSkipOfRunningAttempt', target: 'SKIPPED', actions: 'close' },
         'step.cancel': { target: 'CANCELLED', actions: ['close', 'markAborted'] },
       },

@@ -36,6 +36,7 @@ export interface StoredStep {
 // Context fields a step starts with and keeps for most of its life: left out while they hold it.
 const DEFAULTS: Readonly<Record<string, unknown>> = {
   needsApproval: false,
+  granular: false,
   approval: null,
   rejection: null,
   output: null,
@@ -51,6 +52,7 @@ const DEFAULTS: Readonly<Record<string, unknown>> = {
 const CONTEXT_ORDER = [
   'stepId',
   'needsApproval',
+  'granular',
   'retry',
   'attempt',
   'approval',

@@ -91,6 +91,8 @@ export interface StepView {
 export interface StepContext {
   stepId: string;
   needsApproval: boolean;
+  /** A granular agent step: driven one turn per unit of work. */
+  granular: boolean;
   retry: {
     maxAttempts: number;
     initialDelayMs: number;

@@ -32,6 +32,10 @@ export const RunKeyKind = {
   Meta: 'meta',
   /** HASH: usage counters checked against the run's budgets (tool calls, …). */
   Counters: 'counters',
+  /** HASH: the fingerprint parts of each granular agent step, field `<stepId>`. */
+  Fingerprints: 'fingerprints',
+  /** Pub/sub channel (no key): a run's streamed reply text. */
+  Chunks: 'chunks',
 } as const;
 /** A value of {@link RunKeyKind}. */
 export type RunKeyKind = (typeof RunKeyKind)[keyof typeof RunKeyKind];
@@ -64,6 +68,8 @@ export interface Keys {
   meta(runId: string): string;
   /** The run's usage counters (HASH). */
   counters(runId: string): string;
+  /** The fingerprint parts of the run's granular agent steps (HASH). */
+  fingerprints(runId: string): string;
   /** SET of runs that have not ended: a starting worker re-enqueues their work. Not run-scoped. */
   activeRuns(): string;
   /** STRING: the run id a request key maps to, per tenant. Not run-scoped. */
@@ -156,6 +162,7 @@ export function createKeys(prefix: string = DEFAULT_KEY_PREFIX): Keys {
     blobs: (runId) => runKey(runId, RunKeyKind.Blobs),
     meta: (runId) => runKey(runId, RunKeyKind.Meta),
     counters: (runId) => runKey(runId, RunKeyKind.Counters),
+    fingerprints: (runId) => runKey(runId, RunKeyKind.Fingerprints),
     activeRuns: () => `${prefix}:active-runs`,
     requestKey: (tenantId, requestKey) => {
       assertTenantId(tenantId);

@@ -41,6 +41,8 @@ export interface ModelJournal {
   record(runId: string, stepId: string, turn: number, reply: ModelReply): Promise<RecordedReply>;
   /** The journaled reply of the turn, or null. Throws `SnapshotCorruptError` when it is unreadable. */
   get(runId: string, stepId: string, turn: number): Promise<ModelReply | null>;
+  /** The replies of turns `0 … count - 1` of the step, in one read (null for a turn without one). */
+  replies(runId: string, stepId: string, count: number): Promise<(ModelReply | null)[]>;
   /**
    * Deletes the replies of step `stepId` from turn `fromTurn` on (for tests and maintenance: a
    * live run relies on its journal). Returns how many were deleted.
@@ -204,5 +206,28 @@ export function createModelJournal(options: ModelJournalOptions): ModelJournal {
     }
   }
 
-  return { record, get, drop };
+  /*
+   * replies: reads turns 0 … count - 1.
+   *   Reads:    journal (HMGET fields)
+   */
+  async function replies(
+    runId: string,
+    stepId: string,
+    count: number,
+  ): Promise<(ModelReply | null)[]> {
+    const key = keys.journal(runId);
+    assertStepId(stepId);
+    assertTurn(count, 'count');
+    if (count === 0) return [];
+    const fields = Array.from({ length: count }, (_, turn) => journalField(stepId, turn));
+    let raws: (string | null)[];
+    try {
+      raws = await redis.hmget(key, ...fields);
+    } catch (error) {
+      throw classifyRedisError(error, redis);
+    }
+    return raws.map((raw, turn) => (raw === null ? null : decode(runId, stepId, turn, raw)));
+  }
+
+  return { record, get, replies, drop };
 }

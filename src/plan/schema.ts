@@ -400,6 +400,17 @@ export function checkPlanSemantics(plan: unknown): PlanSemanticIssue[] {
     }
   });
 
+  // The turn's idempotency key is handed to tools per turn, which only granular steps have.
+  steps.forEach((step: unknown, i) => {
+    if (!isRecord(step) || step.kind !== 'agent' || step.enforceIdempotency !== true) return;
+    if (step.mode === 'granular') return;
+    issues.push({
+      path: ['steps', i, 'enforceIdempotency'],
+      message:
+        'only granular agent steps take the turn\'s idempotency key: set mode: "granular", or leave enforceIdempotency out (atomic steps pass ctx.idempotencyKey, the call\'s own key)',
+    });
+  });
+
   const edges = new Map<string, string[]>();
   steps.forEach((step: unknown, i) => {
     if (!isRecord(step)) return;

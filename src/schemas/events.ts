@@ -56,6 +56,23 @@ export const retryDueSchema = z
   .object({ type: z.literal('retry.due'), stepId, attempt, at })
   .strict();
 
+/**
+ * Turn `turn` (0-based) of a granular agent step's attempt `attempt` is committed: the step's
+ * history now holds `cursor` messages, and `fingerprint` is what the turn ran under. Accepted
+ * only for the current attempt's next turn, with the fingerprint of the first turn.
+ */
+export const turnCommittedSchema = z
+  .object({
+    type: z.literal('turn.committed'),
+    stepId,
+    attempt,
+    turn: z.number().int().nonnegative(),
+    cursor: z.number().int().positive(),
+    fingerprint: z.string().regex(/^[0-9a-f]{64}$/),
+    at,
+  })
+  .strict();
+
 /** Cancellation of the whole run was requested. */
 export const runCancelledSchema = z
   .object({
@@ -95,6 +112,7 @@ export const runEventSchema = z.discriminatedUnion('type', [
   gateApprovedSchema,
   gateRejectedSchema,
   retryDueSchema,
+  turnCommittedSchema,
   runCancelledSchema,
   runStoppedSchema,
   runResumedSchema,
@@ -106,6 +124,7 @@ export type StepSkippedEvent = z.infer<typeof stepSkippedSchema>;
 export type GateApprovedEvent = z.infer<typeof gateApprovedSchema>;
 export type GateRejectedEvent = z.infer<typeof gateRejectedSchema>;
 export type RetryDueEvent = z.infer<typeof retryDueSchema>;
+export type TurnCommittedEvent = z.infer<typeof turnCommittedSchema>;
 export type RunCancelledEvent = z.infer<typeof runCancelledSchema>;
 export type RunStoppedEvent = z.infer<typeof runStoppedSchema>;
 export type RunResumedEvent = z.infer<typeof runResumedSchema>;

@@ -30,6 +30,8 @@ export interface CallToolContext {
   attempt: number;
   /** Cancels the call; passed on to the tool. */
   signal?: AbortSignal;
+  /** In an agent step: the turn's idempotency key, passed on to the tool. */
+  turnKey?: string;
 }
 
 /** Options of {@link callTool}. */
@@ -49,6 +51,8 @@ export interface CallToolOptions {
    * @defaultValue `ledgerCallId({ tenantId, runId, stepId, tool: tool.identity, args })`
    */
   callId?: string;
+  /** Checks the parsed arguments before anything is recorded or run (throw to refuse the call). */
+  checkArgs?: (args: JsonValue) => void;
   /**
    * Called once the call will really run (not for a recorded receipt), before the lease is taken:
    * e.g. to count it against a budget. Throwing here leaves the call PREPARED, with nothing run.
@@ -87,6 +91,7 @@ export async function callTool(options: CallToolOptions): Promise<CallToolResult
   const { ledger, tool, ctx, leaseMs = 5000 } = options;
   const { runId, stepId, tenantId } = ctx;
   const args = await parseToolArgs(tool, options.args);
+  options.checkArgs?.(args);
   const callId =
     options.callId ?? ledgerCallId({ tenantId, runId, stepId, tool: tool.identity, args });
 
@@ -146,6 +151,7 @@ async function runOwned(
     callId,
     attempt,
     tenantId,
+    turnKey: ctx.turnKey,
   };
   let value: unknown;
   try {

@@ -30,6 +30,11 @@ export interface ToolContext {
   /** The step's attempt number. */
   attempt: number;
   tenantId: string;
+  /**
+   * In an agent step, the turn's idempotency key, `sha256(runId:stepId:turn)`: the same for every
+   * call of one turn, and the value of the `idempotency_key` argument the runtime fills in.
+   */
+  turnKey: string | undefined;
 }
 
 /** What {@link defineTool} takes. */

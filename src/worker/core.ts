@@ -1,7 +1,7 @@
 import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
 import { createRunHost, type AppliedEvent, type RunHost } from '../actors/run-host.js';
-import type { Operator } from '../actors/execute-step.js';
+import type { Operator, StreamedText } from '../actors/execute-step.js';
 import { modelClients } from '../actors/run-agent.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
 import { InputValidationError } from '../errors.js';
@@ -11,8 +11,12 @@ import { runSnapshotCodec } from '../machines/snapshot-migrations.js';
 import { parsePlan } from '../plan/parse-plan.js';
 import type { Plan } from '../plan/schema.js';
 import { createSnapshotCodec } from '../persistence/codec.js';
-import { createKeys, type Keys } from '../persistence/keys.js';
+import { createKeys, RunKeyKind, type Keys } from '../persistence/keys.js';
 import { createLedger, type Ledger } from '../persistence/ledger.js';
+import { createFingerprintStore, type FingerprintStore } from '../persistence/fingerprint-store.js';
+import { createHistoryStore, type HistoryStore } from '../persistence/history.js';
+import { createModelJournal, type ModelJournal } from '../persistence/model-journal.js';
+import { createDefaultLogger, type Logger } from '../logging.js';
 import { createSnapshotStore, type SnapshotStore } from '../persistence/snapshot-store.js';
 import type { PlannedAction } from '../machines/types.js';
 import type { RunEvent } from '../schemas/events.js';
@@ -31,6 +35,8 @@ export interface CoreOptions {
   queueName?: string;
   /** The clock, epoch ms (tests may pin it). @defaultValue `Date.now` */
   clock?: () => number;
+  /** Where the runtime logs. @defaultValue JSON lines on stderr from `warn` up (`FLUJO_LOG_LEVEL`) */
+  logger?: Logger;
 }
 
 /** The abort-channel message naming one running attempt. */
@@ -64,6 +70,10 @@ export class RuntimeCore {
   readonly store: SnapshotStore<RunSnapshot>;
   readonly host: RunHost;
   readonly ledger: Ledger;
+  readonly journal: ModelJournal;
+  readonly history: HistoryStore;
+  readonly fingerprints: FingerprintStore;
+  readonly log: Logger;
   readonly queue: Queue;
   readonly #queueConnection: Redis;
   #blocking: Redis | undefined;
@@ -97,6 +107,11 @@ export class RuntimeCore {
     });
     this.host = createRunHost({ store: this.store });
     this.ledger = createLedger({ redis: this.redis, prefix: this.keys.prefix, clock: this.clock });
+    const stores = { redis: this.redis, prefix: this.keys.prefix };
+    this.journal = createModelJournal(stores);
+    this.history = createHistoryStore(stores);
+    this.fingerprints = createFingerprintStore(stores);
+    this.log = options.logger ?? createDefaultLogger();
     this.#queueConnection = this.redis.duplicate({ maxRetriesPerRequest: null });
     this.#queueConnection.on('error', () => {});
     this.queue = new Queue(this.queueName, {
@@ -183,6 +198,18 @@ export class RuntimeCore {
         await this.redis.publish(this.abortChannel(), abortMessage(runId, p.stepId, p.attempt));
       }
     }
+  }
+
+  /** Publishes a piece of a streaming reply to the run's chunk channel (live only, not stored). */
+  publishChunk(chunk: StreamedText): void {
+    const message = JSON.stringify({ ...chunk, at: this.clock() });
+    // Best effort: a lost chunk costs a viewer some live text; the final message is committed.
+    this.redis.publish(this.chunkChannel(chunk.runId), message).catch(() => {});
+  }
+
+  /** The pub/sub channel on which a run's streamed reply text is published. */
+  chunkChannel(runId: string): string {
+    return this.keys.runKey(runId, RunKeyKind.Chunks);
   }
 
   /** The pub/sub channel on which aborts of running attempts are announced. */

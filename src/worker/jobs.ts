@@ -4,6 +4,8 @@ import { runSteps, type RunSnapshot } from '../machines/kernel.js';
 export const JobName = {
   /** Execute attempt `attempt` of step `stepId`. */
   step: 'step',
+  /** Take turn `turn` of attempt `attempt` of granular agent step `stepId`. */
+  turn: 'turn',
   /** The backoff of a failed attempt elapsed: feed `retry.due`. */
   retry: 'retry',
   /** The run's wall-clock budget ran out: stop it if it is still going. */
@@ -12,11 +14,12 @@ export const JobName = {
 /** A value of {@link JobName}. */
 export type JobName = (typeof JobName)[keyof typeof JobName];
 
-/** The data of every job: which run, and for step and retry jobs which step attempt. */
+/** The data of every job: which run, for step and retry jobs which step attempt, for turn jobs which turn. */
 export interface JobData {
   runId: string;
   stepId?: string;
   attempt?: number;
+  turn?: number;
 }
 
 /** A job to add, with its deterministic id. */
@@ -35,6 +38,11 @@ export function stepJobId(runId: string, stepId: string, attempt: number): strin
   return `s|${enc(runId)}|${stepId}|${attempt}`;
 }
 
+/** The id of the job that takes turn `turn` (0-based) of attempt `attempt` of `stepId`. */
+export function turnJobId(runId: string, stepId: string, attempt: number, turn: number): string {
+  return `t|${enc(runId)}|${stepId}|${attempt}|${turn}`;
+}
+
 /** The id of the delayed job that makes attempt `attempt` of `stepId` due. */
 export function retryJobId(runId: string, stepId: string, attempt: number): string {
   return `r|${enc(runId)}|${stepId}|${attempt}`;
@@ -46,8 +54,8 @@ export function deadlineJobId(runId: string): string {
 }
 
 /**
- * Every unit of work the run's snapshot says is due: each RUNNING step attempt, each scheduled
- * retry. Derived from the snapshot rather than from one transition's planned actions, so that
+ * Every unit of work the run's snapshot says is due: each RUNNING step attempt (for a granular
+ * agent step, its next turn), each scheduled retry. Derived from the snapshot rather than from one transition's planned actions, so that
  * enqueueing it again (a redelivered job, a restarted worker) re-creates exactly what is missing
  * and nothing else: the ids are deterministic and BullMQ ignores an id it already holds.
  */
@@ -55,7 +63,14 @@ export function dueJobs(runId: string, snapshot: RunSnapshot, now: number): JobS
   if (snapshot.status !== 'active') return [];
   const jobs: JobSpec[] = [];
   for (const step of runSteps(snapshot)) {
-    if (step.status === 'RUNNING') {
+    if (step.status === 'RUNNING' && step.granular) {
+      const turn = step.agent?.turns ?? 0;
+      jobs.push({
+        name: JobName.turn,
+        data: { runId, stepId: step.stepId, attempt: step.attempt, turn },
+        opts: { jobId: turnJobId(runId, step.stepId, step.attempt, turn) },
+      });
+    } else if (step.status === 'RUNNING') {
       jobs.push({
         name: JobName.step,
         data: { runId, stepId: step.stepId, attempt: step.attempt },

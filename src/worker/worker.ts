@@ -1,15 +1,26 @@
 import { randomInt } from 'node:crypto';
 import { DelayedError, Worker, type Job } from 'bullmq';
 import type { Redis } from 'ioredis';
-import { executeStep } from '../actors/execute-step.js';
-import { RunNotFoundError } from '../errors.js';
+import { executeStep, executeTurn, type StepExecutionDeps } from '../actors/execute-step.js';
+import { MaxTurnsExceededError, RunNotFoundError, type SerializedError } from '../errors.js';
 import { debugPoint, DebugPoint } from '../internal/debug-points.js';
 import type { JsonValue } from '../internal/json.js';
-import { runSteps, type RunSnapshot } from '../machines/kernel.js';
+import { runSteps, type RunSnapshot, type StepState } from '../machines/kernel.js';
+import type { AgentStep, PlanStep } from '../plan/schema.js';
 import type { SnapshotEnvelope } from '../persistence/codec.js';
 import type { RunEvent } from '../schemas/events.js';
-import { abortMessage, type RuntimeCore } from './core.js';
+import { abortMessage, type RunMeta, type RuntimeCore } from './core.js';
+import { HistoryCache } from './history-cache.js';
 import { JobName, type JobData } from './jobs.js';
+
+/** A job's step attempt, admitted to run. */
+interface Admitted {
+  env: SnapshotEnvelope<RunSnapshot>;
+  all: StepState[];
+  state: StepState;
+  meta: RunMeta;
+  step: PlanStep;
+}
 
 /** Options of a worker. */
 export interface WorkerOptions {
@@ -53,8 +64,12 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     const { runId } = job.data;
     try {
       switch (job.name) {
-        case JobName.step: {
-          const outcome = await processStep(job.data, signal);
+        case JobName.step:
+        case JobName.turn: {
+          const outcome =
+            job.name === JobName.turn
+              ? await processTurn(job.data, signal)
+              : await processStep(job.data, signal);
           if (typeof outcome === 'object') {
             // Another worker still holds a lease on one of the step's tool calls (it may be
             // alive, or its lease has not lapsed yet): come back later, without spending an attempt.
@@ -112,19 +127,35 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     return 'deadline';
   }
 
-  async function processStep(
-    data: JobData,
-    jobSignal: AbortSignal | undefined,
-  ): Promise<string | { retryAfterMs: number }> {
+  // A granular step's committed history, kept per run and step between turns: it is append-only,
+  // so a cached prefix stays true and only the messages after it are read.
+  const histories = new HistoryCache(core, 512);
+  const deps: StepExecutionDeps = {
+    operators: core.operators,
+    agents: core.agents,
+    clientFor: core.clientFor,
+    tools: core.tools,
+    ledger: core.ledger,
+    countToolCall: (id) => core.redis.hincrby(core.keys.counters(id), 'toolCalls', 1),
+    maxToolCalls: undefined,
+    leaseMs,
+    journal: core.journal,
+    fingerprints: core.fingerprints,
+    readHistory: (runId, stepId, cursor) => histories.read(runId, stepId, cursor),
+    onChunk: (chunk) => core.publishChunk(chunk),
+  };
+
+  /**
+   * The guard of every step and turn job: the attempt must still be RUNNING (else it was already
+   * committed or cancelled: a redelivered job is harmless, and enqueueing what is due heals a crash
+   * between a commit and its enqueue), and the run's budgets must allow it to go on.
+   */
+  async function admit(data: JobData): Promise<Admitted | string> {
     const { runId } = data;
-    const stepId = data.stepId!;
-    const attempt = data.attempt!;
-    let env = await core.host.load(runId);
+    const env = await core.host.load(runId);
     const all = runSteps(env.snapshot);
-    const state = all.find((s) => s.stepId === stepId);
-    // The guard: this attempt was already committed (or cancelled). Redelivered jobs are
-    // harmless, and enqueueing what is due heals a crash between a commit and its enqueue.
-    if (state === undefined || state.status !== 'RUNNING' || state.attempt !== attempt) {
+    const state = all.find((s) => s.stepId === data.stepId);
+    if (state === undefined || state.status !== 'RUNNING' || state.attempt !== data.attempt) {
       await core.enqueueDue(runId, env.snapshot);
       return 'already-done';
     }
@@ -144,31 +175,58 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       await stopForBudget(runId, env, { budget: 'maxSteps', limit: budgets.maxSteps, used });
       return 'budget';
     }
+    const step = meta.plan.steps.find((s) => s.id === data.stepId)!;
+    return { env, all, state, meta, step };
+  }
 
-    const step = meta.plan.steps.find((s) => s.id === stepId)!;
-    const depOutputs: Record<string, JsonValue> = {};
-    for (const d of step.dependsOn) {
-      const out = all.find((s) => s.stepId === d)?.output;
-      if (out !== undefined && out !== null) depOutputs[d] = out;
-    }
+  /** Runs `work` as the attempt's execution: aborted by a run cancel or the job's own signal. */
+  async function guarded<T>(
+    runId: string,
+    stepId: string,
+    attempt: number,
+    jobSignal: AbortSignal | undefined,
+    work: (signal: AbortSignal) => Promise<T>,
+  ): Promise<T> {
     const controller = new AbortController();
     const abortKey = abortMessage(runId, stepId, attempt);
     aborts.set(abortKey, controller);
     const onJobAbort = () => controller.abort(jobSignal?.reason);
     jobSignal?.addEventListener('abort', onJobAbort, { once: true });
-    let result;
     try {
-      result = await executeStep(
-        {
-          operators: core.operators,
-          agents: core.agents,
-          clientFor: core.clientFor,
-          tools: core.tools,
-          ledger: core.ledger,
-          countToolCall: (id) => core.redis.hincrby(core.keys.counters(id), 'toolCalls', 1),
-          maxToolCalls: budgets?.maxToolCalls,
-          leaseMs,
-        },
+      return await work(controller.signal);
+    } finally {
+      aborts.delete(abortKey);
+      jobSignal?.removeEventListener('abort', onJobAbort);
+    }
+  }
+
+  const failed = (stepId: string, attempt: number, error: SerializedError): RunEvent => ({
+    type: 'step.failed',
+    stepId,
+    attempt,
+    error,
+    jitterSeed: randomInt(0, 2 ** 32),
+    at: core.clock(),
+  });
+
+  async function processStep(
+    data: JobData,
+    jobSignal: AbortSignal | undefined,
+  ): Promise<string | { retryAfterMs: number }> {
+    const admitted = await admit(data);
+    if (typeof admitted === 'string') return admitted;
+    const { env, all, state, meta, step } = admitted;
+    const { runId } = data;
+    const stepId = data.stepId!;
+    const attempt = data.attempt!;
+    const depOutputs: Record<string, JsonValue> = {};
+    for (const d of step.dependsOn) {
+      const out = all.find((s) => s.stepId === d)?.output;
+      if (out !== undefined && out !== null) depOutputs[d] = out;
+    }
+    const result = await guarded(runId, stepId, attempt, jobSignal, (signal) =>
+      executeStep(
+        { ...deps, maxToolCalls: meta.plan.budgets?.maxToolCalls },
         {
           step,
           state,
@@ -176,14 +234,10 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
           tenantId: meta.tenantId,
           runInput: meta.input,
           depOutputs,
-          signal: controller.signal,
+          signal,
         },
-      );
-    } finally {
-      aborts.delete(abortKey);
-      jobSignal?.removeEventListener('abort', onJobAbort);
-    }
-
+      ),
+    );
     if (result.kind === 'failed' && result.error.code === 'tool_call_busy') {
       return { retryAfterMs: Math.max(50, result.error.retryAfterMs ?? 1000) };
     }
@@ -194,19 +248,98 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     const event: RunEvent =
       result.kind === 'succeeded'
         ? { type: 'step.succeeded', stepId, attempt, output: result.output, at: core.clock() }
-        : {
-            type: 'step.failed',
-            stepId,
-            attempt,
-            error: result.error,
-            jitterSeed: randomInt(0, 2 ** 32),
-            at: core.clock(),
-          };
+        : failed(stepId, attempt, result.error);
     const applied = await core.host.apply(runId, event, env);
-    env = applied.envelope;
     debugPoint(DebugPoint.afterCommit, stepId);
-    await core.enqueueDue(runId, env.snapshot);
+    await core.enqueueDue(runId, applied.envelope.snapshot);
     return result.kind;
+  }
+
+  /**
+   * One turn of a granular agent step (DESIGN §3): the turn guard against the turns the snapshot
+   * says are committed, the turn itself, then one commit of the turn's messages and its
+   * `turn.committed` (with `step.succeeded` for a final answer, or `step.failed` when the turn was
+   * the last one allowed), and the next unit.
+   */
+  async function processTurn(
+    data: JobData,
+    jobSignal: AbortSignal | undefined,
+  ): Promise<string | { retryAfterMs: number }> {
+    const admitted = await admit(data);
+    if (typeof admitted === 'string') return admitted;
+    const { env, state, meta } = admitted;
+    const step = admitted.step as AgentStep;
+    const { runId } = data;
+    const stepId = data.stepId!;
+    const attempt = data.attempt!;
+    const turn = data.turn!;
+    const stored = state.agent?.turns ?? 0;
+    if (stored !== turn) {
+      // stored > turn: the turn is committed (a worker died after its commit): nothing runs and
+      // nothing is reserved; the next unit is enqueued. stored < turn: a gap, which is never
+      // appended over; the work resumes from the committed turn.
+      if (stored < turn) {
+        core.log.warn(
+          { runId, stepId, attempt, turn, committedTurns: stored, error: 'resume_error' },
+          'turn job ahead of the committed turns: resuming from the committed turn',
+        );
+      }
+      await core.enqueueDue(runId, env.snapshot);
+      return stored > turn ? 'turn-committed' : 'turn-gap';
+    }
+    const outcome = await guarded(runId, stepId, attempt, jobSignal, (signal) =>
+      executeTurn(
+        { ...deps, maxToolCalls: meta.plan.budgets?.maxToolCalls },
+        { step, state, runId, tenantId: meta.tenantId, runInput: meta.input, turn, signal },
+      ),
+    );
+    if (outcome.kind === 'failed' && outcome.error.code === 'tool_call_busy') {
+      return { retryAfterMs: Math.max(50, outcome.error.retryAfterMs ?? 1000) };
+    }
+    if (outcome.kind === 'budget') {
+      await stopForBudget(runId, env, outcome.error.details as JsonValue);
+      return 'budget';
+    }
+    if (outcome.kind === 'failed') {
+      // A failed turn commits nothing of itself: the step fails (or is retried) where it stood.
+      const applied = await core.host.apply(runId, failed(stepId, attempt, outcome.error), env);
+      await core.enqueueDue(runId, applied.envelope.snapshot);
+      return 'failed';
+    }
+    const { messages, fingerprint, final } = outcome.turn;
+    const cursor = state.agent?.cursor ?? 0;
+    const at = core.clock();
+    const events: RunEvent[] = [
+      {
+        type: 'turn.committed',
+        stepId,
+        attempt,
+        turn,
+        cursor: cursor + messages.length,
+        fingerprint,
+        at,
+      },
+    ];
+    if (final !== null) {
+      events.push({
+        type: 'step.succeeded',
+        stepId,
+        attempt,
+        output: final as unknown as JsonValue,
+        at,
+      });
+    } else if (turn + 1 >= step.maxTurns) {
+      // The last allowed turn is committed; the loop may not go on.
+      const error = new MaxTurnsExceededError(stepId, step.maxTurns).toJSON();
+      events.push(failed(stepId, attempt, error));
+    }
+    const applied = await core.host.apply(runId, events, env, {
+      appends: [core.history.appendOp(runId, stepId, cursor, messages)],
+    });
+    if (applied.committed) histories.committed(runId, stepId, cursor, messages);
+    debugPoint(DebugPoint.afterCommit, `${stepId}:${turn}`);
+    await core.enqueueDue(runId, applied.envelope.snapshot);
+    return final !== null ? 'succeeded' : 'turn';
   }
 
   const worker = new Worker<JobData>(core.queueName, processor, {

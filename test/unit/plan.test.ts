@@ -321,6 +321,12 @@ const corpus: [string, unknown, string, string][] = [
     'must be at most 10000, received 10001',
   ],
   [
+    'enforceIdempotency on an atomic agent step',
+    planWith({ id: 'a', kind: 'agent', agent: 'w', enforceIdempotency: true }),
+    'steps[0].enforceIdempotency',
+    'only granular agent steps take the turn\'s idempotency key: set mode: "granular"',
+  ],
+  [
     'policy_check without policy',
     planWith({ id: 'a', kind: 'policy_check' }),
     'steps[0].policy',

@@ -1,0 +1,168 @@
+/**
+ * Tool calls of an agent's reply, run through the ledger: shared by atomic and granular steps. In a
+ * granular step, a tool that must see the turn's idempotency key gets it as its `idempotency_key`
+ * argument, filled in by the runtime and checked before the call can have any effect (seed 000
+ * §7). Every tool gets it in its context as `ctx.turnKey`, beside `ctx.idempotencyKey` (the call's
+ * own ledger id).
+ */
+import { createHash } from 'node:crypto';
+import { ConfigurationError } from '../errors.js';
+import { debugPoint, DebugPoint } from '../internal/debug-points.js';
+import type { JsonValue } from '../internal/json.js';
+import type { AgentDefinition } from '../agents/define-agent.js';
+import { IDEMPOTENCY_KEY_ARG } from '../agents/tool-schema.js';
+import type { ChatMessage, ToolCall } from '../llm/messages.js';
+import type { Ledger } from '../persistence/ledger.js';
+import { callTool } from '../tools/call-tool.js';
+import type { ToolDefinition } from '../tools/define-tool.js';
+
+const sha256 = (text: string): string => createHash('sha256').update(text, 'utf8').digest('hex');
+
+/** The idempotency key of turn `turn` (0-based) of an agent step: `sha256(runId:stepId:turn)`. */
+export function turnIdempotencyKey(runId: string, stepId: string, turn: number): string {
+  return sha256(`${runId}:${stepId}:${turn}`);
+}
+
+/** The ledger call id of a granular turn's tool call: `sha256(runId:stepId:turn:toolCallId)`. */
+export function turnCallId(
+  runId: string,
+  stepId: string,
+  turn: number,
+  toolCallId: string,
+): string {
+  return sha256(`${runId}:${stepId}:${turn}:${toolCallId}`);
+}
+
+/** What running a reply's tool calls needs. */
+export interface ToolRunDeps {
+  ledger: Ledger;
+  leaseMs: number;
+  /** Called before each tool call that will really run (budgets). */
+  beforeToolRun: () => Promise<void>;
+  /** Turns a tool result into what the history keeps (e.g. a blob reference for a large one). */
+  storeResult?: (content: string) => Promise<string>;
+}
+
+/** Where the calls happen. */
+export interface ToolRunContext {
+  agent: AgentDefinition;
+  runId: string;
+  stepId: string;
+  tenantId: string;
+  attempt: number;
+  /** The turn (0-based) whose reply asked for the calls. */
+  turn: number;
+  /** Every tool must take the turn's idempotency key (the step's `enforceIdempotency`). */
+  enforceIdempotency: boolean;
+  /**
+   * Granular steps key each call by the model's tool call id and hand keyed tools the turn's key
+   * as an argument; atomic steps key each call by its arguments.
+   */
+  mode: 'atomic' | 'granular';
+  signal: AbortSignal;
+}
+
+/** True when `tool` must be called with the turn's key in its `idempotency_key` argument. */
+function needsTurnKey(tool: ToolDefinition, context: ToolRunContext): boolean {
+  return context.mode === 'granular' && (context.enforceIdempotency || tool.requiresIdempotencyKey);
+}
+
+/**
+ * The arguments with the turn's key filled in, when the tool must take it. Throws
+ * `ConfigurationError` before any effect when the model sent another key.
+ */
+function withTurnKey(
+  tool: ToolDefinition,
+  args: unknown,
+  key: string,
+  context: ToolRunContext,
+): unknown {
+  if (!needsTurnKey(tool, context)) return args;
+  if (typeof args !== 'object' || args === null || Array.isArray(args)) return args;
+  const given = (args as Record<string, unknown>)[IDEMPOTENCY_KEY_ARG];
+  if (given !== undefined && given !== key) {
+    throw new ConfigurationError(
+      `the call of tool "${tool.name}" in turn ${context.turn} of step "${context.stepId}" carries another ${IDEMPOTENCY_KEY_ARG} (${JSON.stringify(given).slice(0, 80)}) than the turn's key: the runtime fills it in; do not ask the model for it`,
+      { field: IDEMPOTENCY_KEY_ARG },
+    );
+  }
+  return { ...args, [IDEMPOTENCY_KEY_ARG]: key };
+}
+
+/** Throws `ConfigurationError` when the parsed arguments lost the turn's key (the schema drops it). */
+function checkTurnKey(
+  tool: ToolDefinition,
+  parsed: JsonValue,
+  key: string,
+  context: ToolRunContext,
+): void {
+  if (!needsTurnKey(tool, context)) return;
+  const value =
+    typeof parsed === 'object' && parsed !== null && !Array.isArray(parsed)
+      ? parsed[IDEMPOTENCY_KEY_ARG]
+      : undefined;
+  if (value !== key) {
+    const why = context.enforceIdempotency
+      ? `step "${context.stepId}" enforces idempotency`
+      : `tool "${tool.name}" requires an idempotency key`;
+    throw new ConfigurationError(
+      `the call of tool "${tool.name}" lacks the turn's ${IDEMPOTENCY_KEY_ARG} (${why}): declare ${IDEMPOTENCY_KEY_ARG}: z.string() in the tool's input schema, so the runtime can fill it in and the tool can pass it on`,
+      { field: IDEMPOTENCY_KEY_ARG },
+    );
+  }
+}
+
+/**
+ * Runs the tool calls of one reply in order, each through the ledger (a recorded call returns its
+ * receipt), and returns the tool messages answering them. A call whose arguments are not JSON is
+ * answered with an error message the model can correct; a call of a tool the agent does not have
+ * is a configuration error. Any failure of a tool aborts the turn.
+ */
+export async function runToolCalls(
+  deps: ToolRunDeps,
+  context: ToolRunContext,
+  calls: readonly ToolCall[],
+): Promise<ChatMessage[]> {
+  const { agent, runId, stepId, tenantId, attempt, turn, signal } = context;
+  const tools = new Map(agent.tools.map((t) => [t.name, t]));
+  const key = turnIdempotencyKey(runId, stepId, turn);
+  const messages: ChatMessage[] = [];
+  for (const [i, call] of calls.entries()) {
+    if (i > 0) debugPoint(DebugPoint.betweenTools, `${stepId}:${turn}:${i}`);
+    const tool = tools.get(call.name);
+    if (tool === undefined) {
+      throw new ConfigurationError(
+        `the model called tool "${call.name}", which agent "${agent.name}" does not have (it has: ${[...tools.keys()].join(', ') || 'none'}); add it to the agent's tools or fix the system prompt`,
+      );
+    }
+    let raw: unknown;
+    try {
+      raw = call.arguments === '' ? {} : JSON.parse(call.arguments);
+    } catch {
+      // The model's mistake, told back to the model like a tool result, so it can correct it.
+      messages.push({
+        role: 'tool',
+        tool_call_id: call.id,
+        content: `error: the arguments are not JSON: ${call.arguments.slice(0, 200)}`,
+      });
+      continue;
+    }
+    const result = await callTool({
+      ledger: deps.ledger,
+      tool,
+      args: withTurnKey(tool, raw, key, context),
+      ctx: { runId, stepId, tenantId, attempt, signal, turnKey: key },
+      leaseMs: deps.leaseMs,
+      ...(context.mode === 'granular' ? { callId: turnCallId(runId, stepId, turn, call.id) } : {}),
+      checkArgs: (parsed) => checkTurnKey(tool, parsed, key, context),
+      beforeRun: deps.beforeToolRun,
+    });
+    const content = JSON.stringify(result.receipt);
+    messages.push({
+      role: 'tool',
+      tool_call_id: call.id,
+      content: deps.storeResult === undefined ? content : await deps.storeResult(content),
+    });
+  }
+  return messages;
+}
