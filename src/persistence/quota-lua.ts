@@ -29,7 +29,7 @@ local function arg_limit(v) if v == '' then return nil end return tonumber(v) en
  *   KEYS[1]  the tenant's reservations (HASH id → record)
  *   KEYS[2]  the run's reservation ids (LIST, creation order)
  *   KEYS[3]  the run's usage (HASH)        KEYS[4] the tenant's quota (HASH)
- *   ARGV[1]  reservation id                ARGV[2] the new record (JSON; seq and createdAt are set here)
+ *   ARGV[1]  reservation id                ARGV[2] the new record (JSON; seq, createdAt set here)
  *   ARGV[3]  tokens requested              ARGV[4] micro-USD requested
  *   ARGV[5]  the run's maxTokens or ''     ARGV[6] the run's maxMicroUsd or ''
  *   ARGV[7]  now in ms, '' = Redis clock

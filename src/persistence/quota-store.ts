@@ -157,7 +157,7 @@ export interface QuotaStore {
    * when a limit would be exceeded.
    */
   reserve(request: ReserveRequest): Promise<Reservation>;
-  /** Records that the request went out (reserved → sent); otherwise returns the reservation as is. */
+  /** Records that the request went out (reserved → sent); any other state is returned as is. */
   markSent(tenantId: string, reservationId: string, at?: number): Promise<Reservation>;
   /** Settles the reservation; only the first call applies (see {@link ReconcileOutcome}). */
   reconcile(

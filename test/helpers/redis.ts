@@ -27,7 +27,7 @@ export async function deletePrefix(redis: Redis, prefix: string): Promise<void> 
   } while (cursor !== '0');
 }
 
-/** Every key under `prefix` with its type and contents, to assert that a refused write changed nothing. */
+/** Every key under `prefix` with its contents: to assert that a refused write changed nothing. */
 export async function readPrefix(redis: Redis, prefix: string): Promise<Record<string, unknown>> {
   const out: Record<string, unknown> = {};
   let cursor = '0';

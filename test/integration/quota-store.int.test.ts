@@ -300,10 +300,28 @@ describe('quota store: markSent and reconcile', () => {
       { inputTokens: 70, outputTokens: 95, microUsd: 910 },
       'usage',
     ],
-    ['baseline', { kind: 'baseline' }, true, { inputTokens: 60, outputTokens: 0, microUsd: 200 }, 'baseline'],
-    ['none, never sent', { kind: 'none' }, false, { inputTokens: 0, outputTokens: 0, microUsd: 0 }, 'none'],
-    ['none after markSent', { kind: 'none' }, true, { inputTokens: 60, outputTokens: 0, microUsd: 200 }, 'baseline'],
-  ]; // prettier-ignore
+    [
+      'baseline',
+      { kind: 'baseline' },
+      true,
+      { inputTokens: 60, outputTokens: 0, microUsd: 200 },
+      'baseline',
+    ],
+    [
+      'none, never sent',
+      { kind: 'none' },
+      false,
+      { inputTokens: 0, outputTokens: 0, microUsd: 0 },
+      'none',
+    ],
+    [
+      'none after markSent',
+      { kind: 'none' },
+      true,
+      { inputTokens: 60, outputTokens: 0, microUsd: 200 },
+      'baseline',
+    ],
+  ];
 
   it.each(kinds)('reconciles %s exactly once', async (_n, outcome, send, charge, applied) => {
     await store.reserve(req(1, { runLimits: { maxMicroUsd: 10_000 } }));
