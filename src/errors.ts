@@ -34,6 +34,10 @@ export const ErrorCode = {
   RunNotResumable: 'run_not_resumable',
   ModelError: 'model_error',
   ResumeError: 'resume_error',
+  UsageLimitExceeded: 'usage_limit_exceeded',
+  ReservationNotFound: 'reservation_not_found',
+  BlobCapExceeded: 'blob_cap_exceeded',
+  BlobMissing: 'blob_missing',
 } as const;
 /** A value of {@link ErrorCode}. */
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
@@ -767,6 +771,125 @@ export class MaxTurnsExceededError extends FlujoError {
   }
   override get details(): unknown {
     return { stepId: this.stepId, maxTurns: this.maxTurns };
+  }
+}
+
+/** What {@link UsageLimitExceededError} reports. Money is in integer micro-USD (1 USD = 1,000,000). */
+export interface UsageLimitInfo {
+  /** Whose limit: the run's budget (from the plan) or the tenant's quota. */
+  scope: 'run' | 'tenant';
+  limit: 'maxTokens' | 'maxCostUsd';
+  /** The limit, in tokens or micro-USD. */
+  limitValue: number;
+  /** Already spent (reconciled). */
+  used: number;
+  /** Reserved by calls not yet reconciled. */
+  reserved: number;
+  /** What the refused reservation asked for. */
+  requested: number;
+  runId: string;
+  tenantId: string;
+}
+
+function formatMicroUsd(micro: number): string {
+  return `$${(micro / 1_000_000).toFixed(6)}`;
+}
+
+/**
+ * A usage reservation was refused: with it, the run's budget or the tenant's quota would be
+ * exceeded. Nothing was reserved. Never retryable: the limit must be raised first.
+ */
+export class UsageLimitExceededError extends FlujoError {
+  override name = 'UsageLimitExceededError';
+  readonly code = ErrorCode.UsageLimitExceeded;
+  readonly info: UsageLimitInfo;
+  constructor(info: UsageLimitInfo, options?: FlujoErrorOptions) {
+    const { scope, limit, limitValue, used, reserved, requested, runId, tenantId } = info;
+    const fmt = limit === 'maxTokens' ? (n: number) => `${n} tokens` : formatMicroUsd;
+    const who = scope === 'run' ? `Run "${runId}"` : `Tenant "${tenantId}" (run "${runId}")`;
+    const fix =
+      scope === 'run'
+        ? `Raise budgets.${limit} in the plan`
+        : `Raise the tenant's quota (${limit === 'maxTokens' ? 'maxTokens' : 'maxMicroUsd'} of tenant "${tenantId}")`;
+    super(
+      `${who} would exceed its ${scope === 'run' ? 'budget' : 'quota'} ${limit}: limit ${fmt(limitValue)}, spent ${fmt(used)}, reserved ${fmt(reserved)}, this call needs ${fmt(requested)}. Nothing was reserved. ${fix} to allow more.`,
+      false,
+      options,
+    );
+    this.info = { ...info };
+  }
+  override get details(): unknown {
+    return { ...this.info };
+  }
+}
+
+/** A usage reservation id that was never reserved (or whose record was deleted). */
+export class ReservationNotFoundError extends FlujoError {
+  override name = 'ReservationNotFoundError';
+  readonly code = ErrorCode.ReservationNotFound;
+  constructor(
+    readonly tenantId: string,
+    readonly reservationId: string,
+    options?: FlujoErrorOptions,
+  ) {
+    super(
+      `No usage reservation "${reservationId}" for tenant "${tenantId}". Reserve it first; check the tenant id and reservation id (and the key prefix).`,
+      false,
+      options,
+    );
+  }
+  override get details(): unknown {
+    return { tenantId: this.tenantId, reservationId: this.reservationId };
+  }
+}
+
+/** Storing a blob would take a run past the blob store's `maxBytesPerRun`. Nothing was stored. */
+export class BlobCapExceededError extends FlujoError {
+  override name = 'BlobCapExceededError';
+  readonly code = ErrorCode.BlobCapExceeded;
+  constructor(
+    readonly runId: string,
+    /** The cap, in bytes. */
+    readonly maxBytesPerRun: number,
+    /** The size of the refused blob, in bytes. */
+    readonly size: number,
+    /** What the run already stores, in bytes. */
+    readonly storedBytes: number,
+    options?: FlujoErrorOptions,
+  ) {
+    super(
+      `Cannot store a blob of ${size} bytes for run "${runId}": the run already stores ${storedBytes} bytes and the cap is ${maxBytesPerRun} bytes. Nothing was stored. Raise maxBytesPerRun of the blob store, or make the tool return less.`,
+      false,
+      options,
+    );
+  }
+  override get details(): unknown {
+    const { runId, maxBytesPerRun, size, storedBytes } = this;
+    return { runId, maxBytesPerRun, size, storedBytes };
+  }
+}
+
+/**
+ * A blob that a step's history refers to is gone (its retention elapsed, or it was deleted), so the
+ * step cannot be replayed faithfully. Never retryable.
+ */
+export class BlobMissingError extends FlujoError {
+  override name = 'BlobMissingError';
+  readonly code = ErrorCode.BlobMissing;
+  constructor(
+    readonly runId: string,
+    readonly stepId: string,
+    readonly blobId: string,
+    options?: FlujoErrorOptions,
+  ) {
+    super(
+      `Blob ${blobId} needed by step "${stepId}" of run "${runId}" is missing: its retention elapsed or the data was deleted. Raise retentionMs of the blob store to keep blobs longer, or, if the step's tool is idempotent, opt the step into degraded replay (the blob is then replaced by a marker).`,
+      false,
+      options,
+    );
+  }
+  override get details(): unknown {
+    return { runId: this.runId, stepId: this.stepId, blobId: this.blobId };
   }
 }
 

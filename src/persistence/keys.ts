@@ -1,6 +1,8 @@
 /**
  * The one key builder for every Redis key of the runtime. All keys of a run share the hash tag
  * `{<runId>}`, so Redis Cluster places them in one slot and a transaction may touch them together.
+ * Usage accounting is the exception: it is checked against the run's and the tenant's limits in one
+ * script, so every usage key (the run's too) lives in the tenant's hash tag `{t:<tenantId>}`.
  */
 import { InputValidationError } from '../errors.js';
 import { STEP_ID_PATTERN } from '../plan/schema.js';
@@ -26,8 +28,10 @@ export const RunKeyKind = {
   Journal: 'journal',
   /** LIST per step: a step's conversation history, `<prefix>:{<runId>}:history:<stepId>`. */
   History: 'history',
-  /** Offloaded large values. */
+  /** HASH: the run's blob accounting: `bytes`, `count`, and per blob id its size. */
   Blobs: 'blobs',
+  /** STRING per blob, `<prefix>:{<runId>}:blob:<blobId>`: the content; TTL = retention. */
+  Blob: 'blob',
   /** HASH: what the run was started with (plan, input, tenant, request key). */
   Meta: 'meta',
   /** HASH: usage counters checked against the run's budgets (tool calls, …). */
@@ -62,14 +66,40 @@ export interface Keys {
    * step after the hash tag keeps the run in one slot). `stepId` must match `STEP_ID_PATTERN`.
    */
   history(runId: string, stepId: string): string;
-  /** The run's offloaded blobs. */
+  /** The run's blob accounting (HASH: `bytes`, `count`, `<blobId>` → size); it has a TTL too. */
   blobs(runId: string): string;
+  /**
+   * One blob's content (STRING, TTL = retention): `<prefix>:{<runId>}:blob:<blobId>`. `blobId` must
+   * be a sha256 in lowercase hex (see `BLOB_ID_PATTERN`).
+   */
+  blob(runId: string, blobId: string): string;
   /** What the run was started with (HASH). */
   meta(runId: string): string;
   /** The run's usage counters (HASH). */
   counters(runId: string): string;
   /** The fingerprint parts of the run's granular agent steps (HASH). */
   fingerprints(runId: string): string;
+  /**
+   * The tenant's quota and usage: `<prefix>:{t:<tenantId>}:quota` (HASH: `maxTokens` and
+   * `maxMicroUsd`, absent = unlimited; `reservedTokens`, `reservedMicroUsd`, `spentTokens`,
+   * `spentMicroUsd`).
+   */
+  tenantQuota(tenantId: string): string;
+  /**
+   * One run's usage: `<prefix>:{t:<tenantId>}:usage:<runId>`, in the tenant's hash tag (HASH: the
+   * same counters, and the run's limits as its latest reservation gave them).
+   */
+  runUsage(tenantId: string, runId: string): string;
+  /**
+   * The tenant's usage reservations: `<prefix>:{t:<tenantId>}:reservations` (HASH: reservation id →
+   * the record as JSON).
+   */
+  reservations(tenantId: string): string;
+  /**
+   * The reservation ids of one run in creation order (LIST):
+   * `<prefix>:{t:<tenantId>}:reservations:<runId>`, in the tenant's hash tag.
+   */
+  runReservations(tenantId: string, runId: string): string;
   /** SET of runs that have not ended: a starting worker re-enqueues their work. Not run-scoped. */
   activeRuns(): string;
   /** STRING: the run id a request key maps to, per tenant. Not run-scoped. */
@@ -91,6 +121,21 @@ export function assertTenantId(tenantId: unknown, field = 'tenantId'): asserts t
   const problem = runIdProblem(tenantId);
   if (problem !== undefined) {
     throw new InputValidationError('tenant id', [{ path: field, message: problem }]);
+  }
+}
+
+/** What a blob id looks like: the sha256 of the content, 64 lowercase hex digits. */
+export const BLOB_ID_PATTERN = /^[0-9a-f]{64}$/;
+
+/** Throws {@link InputValidationError} naming `field` unless `blobId` is a valid blob id. */
+export function assertBlobId(blobId: unknown, field = 'blobId'): asserts blobId is string {
+  if (typeof blobId !== 'string' || !BLOB_ID_PATTERN.test(blobId)) {
+    throw new InputValidationError('blob id', [
+      {
+        path: field,
+        message: `must be a sha256 in lowercase hex (64 characters), got ${JSON.stringify(blobId)}`,
+      },
+    ]);
   }
 }
 
@@ -142,6 +187,11 @@ export function createKeys(prefix: string = DEFAULT_KEY_PREFIX): Keys {
     assertRunId(runId);
     return `${prefix}:{${runId}}:${kind}`;
   };
+  // `t:` keeps a tenant's tag apart from a run with the same id (their suffixes differ as well).
+  const tenantKey = (tenantId: string, kind: string): string => {
+    assertTenantId(tenantId);
+    return `${prefix}:{t:${tenantId}}:${kind}`;
+  };
   return {
     prefix,
     runKey,
@@ -160,9 +210,26 @@ export function createKeys(prefix: string = DEFAULT_KEY_PREFIX): Keys {
       return `${key}:${stepId}`;
     },
     blobs: (runId) => runKey(runId, RunKeyKind.Blobs),
+    blob: (runId, blobId) => {
+      const key = runKey(runId, RunKeyKind.Blob);
+      assertBlobId(blobId);
+      return `${key}:${blobId}`;
+    },
     meta: (runId) => runKey(runId, RunKeyKind.Meta),
     counters: (runId) => runKey(runId, RunKeyKind.Counters),
     fingerprints: (runId) => runKey(runId, RunKeyKind.Fingerprints),
+    tenantQuota: (tenantId) => tenantKey(tenantId, 'quota'),
+    runUsage: (tenantId, runId) => {
+      const key = tenantKey(tenantId, 'usage');
+      assertRunId(runId);
+      return `${key}:${runId}`;
+    },
+    reservations: (tenantId) => tenantKey(tenantId, 'reservations'),
+    runReservations: (tenantId, runId) => {
+      const key = tenantKey(tenantId, 'reservations');
+      assertRunId(runId);
+      return `${key}:${runId}`;
+    },
     activeRuns: () => `${prefix}:active-runs`,
     requestKey: (tenantId, requestKey) => {
       assertTenantId(tenantId);

@@ -26,3 +26,21 @@ export async function deletePrefix(redis: Redis, prefix: string): Promise<void> 
     if (keys.length > 0) await redis.del(...keys);
   } while (cursor !== '0');
 }
+
+/** Every key under `prefix` with its contents: to assert that a refused write changed nothing. */
+export async function readPrefix(redis: Redis, prefix: string): Promise<Record<string, unknown>> {
+  const out: Record<string, unknown> = {};
+  let cursor = '0';
+  do {
+    const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}*`, 'COUNT', 500);
+    cursor = next;
+    for (const key of keys) {
+      const type = await redis.type(key);
+      if (type === 'hash') out[key] = { hash: await redis.hgetall(key) };
+      else if (type === 'list') out[key] = { list: await redis.lrange(key, 0, -1) };
+      else if (type === 'string') out[key] = { string: await redis.get(key) };
+      else out[key] = { type };
+    }
+  } while (cursor !== '0');
+  return out;
+}

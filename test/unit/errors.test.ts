@@ -1,5 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import {
+  BlobCapExceededError,
+  BlobMissingError,
   ErrorCode,
   EventValidationError,
   FlujoError,
@@ -7,6 +9,7 @@ import {
   InvariantError,
   PlanValidationError,
   RedisUnavailableError,
+  ReservationNotFoundError,
   RevivedError,
   RunAlreadyExistsError,
   RunNotFoundError,
@@ -14,6 +17,7 @@ import {
   SnapshotCorruptError,
   SnapshotUnsupportedError,
   UnknownError,
+  UsageLimitExceededError,
   findCause,
   isFlujoError,
   isRetryable,
@@ -23,6 +27,17 @@ import {
 } from '../../src/errors.js';
 
 const issue = [{ path: 'steps[0].id', message: 'bad' }];
+const BLOB = 'ab'.repeat(32);
+const limitInfo = {
+  scope: 'tenant',
+  limit: 'maxCostUsd',
+  limitValue: 10_000,
+  used: 2_000,
+  reserved: 5_000,
+  requested: 4_000,
+  runId: 'r',
+  tenantId: 't',
+} as const;
 
 // Every error class the runtime raises, with the name, code and retryability it must keep.
 const cases: [FlujoError, string, string, boolean][] = [
@@ -47,6 +62,20 @@ const cases: [FlujoError, string, string, boolean][] = [
   ],
   [new InvariantError('broken'), 'InvariantError', 'invariant', false],
   [new UnknownError('what'), 'UnknownError', 'unknown', false],
+  [
+    new UsageLimitExceededError(limitInfo),
+    'UsageLimitExceededError',
+    'usage_limit_exceeded',
+    false,
+  ],
+  [
+    new ReservationNotFoundError('t', 'res-1'),
+    'ReservationNotFoundError',
+    'reservation_not_found',
+    false,
+  ],
+  [new BlobCapExceededError('r', 100, 60, 50), 'BlobCapExceededError', 'blob_cap_exceeded', false],
+  [new BlobMissingError('r', 'fetch', BLOB), 'BlobMissingError', 'blob_missing', false],
 ];
 
 describe('errors', () => {
@@ -80,6 +109,34 @@ describe('errors', () => {
     const e = new SnapshotConflictError('run-7', 3, 5);
     expect(e.message).toContain('expected version 3, found version 5');
     expect(e.details).toEqual({ runId: 'run-7', expectedVersion: 3, actualVersion: 5 });
+  });
+
+  it('a usage limit error names scope, limit, numbers and fix', () => {
+    const tenant = new UsageLimitExceededError(limitInfo);
+    expect(tenant.message).toBe(
+      'Tenant "t" (run "r") would exceed its quota maxCostUsd: limit $0.010000, spent $0.002000, reserved $0.005000, this call needs $0.004000. Nothing was reserved. Raise the tenant\'s quota (maxMicroUsd of tenant "t") to allow more.',
+    );
+    expect(tenant.details).toEqual(limitInfo);
+    const run = new UsageLimitExceededError({ ...limitInfo, scope: 'run', limit: 'maxTokens' });
+    expect(run.message).toMatch(
+      /^Run "r" would exceed its budget maxTokens: limit 10000 tokens, spent 2000 tokens, .* Raise budgets\.maxTokens in the plan/,
+    );
+  });
+
+  it('blob errors name the blob, the step, the cap and the setting to change', () => {
+    const missing = new BlobMissingError('r', 'fetch', BLOB);
+    expect(missing.message).toContain(`Blob ${BLOB} needed by step "fetch" of run "r" is missing`);
+    expect(missing.message).toMatch(/retentionMs.*degraded replay/);
+    expect(missing.details).toEqual({ runId: 'r', stepId: 'fetch', blobId: BLOB });
+    const cap = new BlobCapExceededError('r', 100, 60, 50);
+    expect(cap.message).toMatch(
+      /60 bytes for run "r".* 50 bytes .* cap is 100 bytes.*maxBytesPerRun/,
+    );
+    expect(cap.details).toEqual({ runId: 'r', maxBytesPerRun: 100, size: 60, storedBytes: 50 });
+    expect(new ReservationNotFoundError('t', 'x').details).toEqual({
+      tenantId: 't',
+      reservationId: 'x',
+    });
   });
 
   it('validation errors list every issue with its path', () => {

@@ -1,7 +1,9 @@
 import { describe, expect, it } from 'vitest';
 import { InputValidationError } from '../../src/errors.js';
 import {
+  assertBlobId,
   assertRunId,
+  BLOB_ID_PATTERN,
   createKeys,
   isRunId,
   RUN_ID_MAX_LENGTH,
@@ -46,6 +48,7 @@ describe('keys', () => {
         keys.ledger(runId),
         keys.journal(runId),
         keys.blobs(runId),
+        keys.blob(runId, 'a'.repeat(64)),
         ...Object.values(RunKeyKind).map((kind) => keys.runKey(runId, kind)),
       ];
       const slots = new Set(all.map(keySlot));
@@ -55,6 +58,39 @@ describe('keys', () => {
     expect(keys.snap('run-1')).toBe('app:{run-1}:snap');
     expect(keys.events('run-1')).toBe('app:{run-1}:events');
     expect(keys.runKey('run-1', 'ledger')).toBe('app:{run-1}:ledger');
+  });
+
+  it('puts every usage key of a tenant, its runs included, in the tenant hash tag', () => {
+    const keys = createKeys('app');
+    for (const tenantId of ['acme', 't:x', 'ünï']) {
+      const all = [
+        keys.tenantQuota(tenantId),
+        keys.reservations(tenantId),
+        keys.runUsage(tenantId, 'run-1'),
+        keys.runUsage(tenantId, 'other:run'),
+        keys.runReservations(tenantId, 'run-1'),
+      ];
+      expect(new Set(all.map(keySlot))).toEqual(new Set([crc16(`t:${tenantId}`) % 16384]));
+    }
+    expect(keys.tenantQuota('acme')).toBe('app:{t:acme}:quota');
+    expect(keys.runUsage('acme', 'r1')).toBe('app:{t:acme}:usage:r1');
+    expect(keys.reservations('acme')).toBe('app:{t:acme}:reservations');
+    expect(keys.runReservations('acme', 'r1')).toBe('app:{t:acme}:reservations:r1');
+    expect(() => keys.tenantQuota('a{b}')).toThrow(/tenantId/);
+    expect(() => keys.runUsage('acme', '')).toThrow(/runId: must not be empty/);
+    expect(() => keys.runReservations('acme', 'x}')).toThrow(InputValidationError);
+  });
+
+  it('builds blob keys from sha256 ids only', () => {
+    const keys = createKeys('app');
+    const id = '0123456789abcdef'.repeat(4);
+    expect(keys.blob('r1', id)).toBe(`app:{r1}:blob:${id}`);
+    expect(keys.blobs('r1')).toBe('app:{r1}:blobs');
+    for (const bad of ['', 'A'.repeat(64), 'a'.repeat(63), 'a'.repeat(65), `${'a'.repeat(63)}g`]) {
+      expect(BLOB_ID_PATTERN.test(bad)).toBe(false);
+      expect(() => keys.blob('r1', bad)).toThrow(/blobId: must be a sha256/);
+    }
+    expect(() => assertBlobId(7, 'ref.id')).toThrow(/ref\.id/);
   });
 
   it('defaults the prefix to flujo', () => {
