@@ -34,6 +34,7 @@ export const ErrorCode = {
   RunNotResumable: 'run_not_resumable',
   ModelError: 'model_error',
   ResumeError: 'resume_error',
+  PricingNotConfigured: 'pricing_not_configured',
 } as const;
 /** A value of {@link ErrorCode}. */
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
@@ -767,6 +768,32 @@ export class MaxTurnsExceededError extends FlujoError {
   }
   override get details(): unknown {
     return { stepId: this.stepId, maxTurns: this.maxTurns };
+  }
+}
+
+/**
+ * Strict pricing is on and the pricing table has no price for a model a call used. The message names
+ * the model and the exact setting to add. Never retryable: the configuration must change.
+ */
+export class PricingNotConfiguredError extends FlujoError {
+  override name = 'PricingNotConfiguredError';
+  readonly code = ErrorCode.PricingNotConfigured;
+  /** Where the price goes, e.g. `pricing.models["gpt-4o-mini"]`. */
+  readonly setting: string;
+  constructor(
+    readonly model: string,
+    options?: FlujoErrorOptions,
+  ) {
+    const setting = `pricing.models[${JSON.stringify(model)}]`;
+    super(
+      `No price for model ${JSON.stringify(model)}: add it to the pricing table (${setting} = { inputPerMillion, outputPerMillion } in createRuntime({ pricing }) or in the pricing file), or turn strictPricing off`,
+      false,
+      options,
+    );
+    this.setting = setting;
+  }
+  override get details(): unknown {
+    return { model: this.model, setting: this.setting };
   }
 }
 

@@ -6,6 +6,7 @@ import {
   InputValidationError,
   InvariantError,
   PlanValidationError,
+  PricingNotConfiguredError,
   RedisUnavailableError,
   RevivedError,
   RunAlreadyExistsError,
@@ -47,6 +48,12 @@ const cases: [FlujoError, string, string, boolean][] = [
   ],
   [new InvariantError('broken'), 'InvariantError', 'invariant', false],
   [new UnknownError('what'), 'UnknownError', 'unknown', false],
+  [
+    new PricingNotConfiguredError('gpt-4o-mini'),
+    'PricingNotConfiguredError',
+    'pricing_not_configured',
+    false,
+  ],
 ];
 
 describe('errors', () => {
@@ -80,6 +87,15 @@ describe('errors', () => {
     const e = new SnapshotConflictError('run-7', 3, 5);
     expect(e.message).toContain('expected version 3, found version 5');
     expect(e.details).toEqual({ runId: 'run-7', expectedVersion: 3, actualVersion: 5 });
+  });
+
+  it('a missing price names the model and the exact setting to add', () => {
+    const e = new PricingNotConfiguredError('gpt-4o-mini');
+    expect(e.message).toBe(
+      'No price for model "gpt-4o-mini": add it to the pricing table (pricing.models["gpt-4o-mini"] = { inputPerMillion, outputPerMillion } in createRuntime({ pricing }) or in the pricing file), or turn strictPricing off',
+    );
+    expect(e.details).toEqual({ model: 'gpt-4o-mini', setting: 'pricing.models["gpt-4o-mini"]' });
+    expect(new PricingNotConfiguredError('a"b').setting).toBe('pricing.models["a\\"b"]');
   });
 
   it('validation errors list every issue with its path', () => {
