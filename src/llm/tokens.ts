@@ -51,7 +51,7 @@ const RANKS = { o200k_base: o200kBase, cl100k_base: cl100kBase } as const;
 // Building an encoder parses ~200k ranks: do it once per encoding, for the whole process.
 const encoders = new Map<TokenEncoding, Tiktoken>();
 
-/** @internal The process-wide encoder of an encoding, built on first use. */
+/** The process-wide encoder of an encoding, built on first use. @internal */
 export function encoderFor(encoding: TokenEncoding): Tiktoken {
   let encoder = encoders.get(encoding);
   if (encoder === undefined) {
