@@ -38,6 +38,7 @@ export const ErrorCode = {
   ReservationNotFound: 'reservation_not_found',
   BlobCapExceeded: 'blob_cap_exceeded',
   BlobMissing: 'blob_missing',
+  PricingNotConfigured: 'pricing_not_configured',
 } as const;
 /** A value of {@link ErrorCode}. */
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
@@ -890,6 +891,32 @@ export class BlobMissingError extends FlujoError {
   }
   override get details(): unknown {
     return { runId: this.runId, stepId: this.stepId, blobId: this.blobId };
+  }
+}
+
+/**
+ * Strict pricing is on and the pricing table has no price for a model a call used. The message names
+ * the model and the exact setting to add. Never retryable: the configuration must change.
+ */
+export class PricingNotConfiguredError extends FlujoError {
+  override name = 'PricingNotConfiguredError';
+  readonly code = ErrorCode.PricingNotConfigured;
+  /** Where the price goes, e.g. `pricing.models["gpt-4o-mini"]`. */
+  readonly setting: string;
+  constructor(
+    readonly model: string,
+    options?: FlujoErrorOptions,
+  ) {
+    const setting = `pricing.models[${JSON.stringify(model)}]`;
+    super(
+      `No price for model ${JSON.stringify(model)}: add it to the pricing table (${setting} = { inputPerMillion, outputPerMillion } in createRuntime({ pricing }) or in the pricing file), or turn strictPricing off`,
+      false,
+      options,
+    );
+    this.setting = setting;
+  }
+  override get details(): unknown {
+    return { model: this.model, setting: this.setting };
   }
 }
 

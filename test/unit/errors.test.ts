@@ -8,6 +8,7 @@ import {
   InputValidationError,
   InvariantError,
   PlanValidationError,
+  PricingNotConfiguredError,
   RedisUnavailableError,
   ReservationNotFoundError,
   RevivedError,
@@ -76,6 +77,12 @@ const cases: [FlujoError, string, string, boolean][] = [
   ],
   [new BlobCapExceededError('r', 100, 60, 50), 'BlobCapExceededError', 'blob_cap_exceeded', false],
   [new BlobMissingError('r', 'fetch', BLOB), 'BlobMissingError', 'blob_missing', false],
+  [
+    new PricingNotConfiguredError('gpt-4o-mini'),
+    'PricingNotConfiguredError',
+    'pricing_not_configured',
+    false,
+  ],
 ];
 
 describe('errors', () => {
@@ -137,6 +144,15 @@ describe('errors', () => {
       tenantId: 't',
       reservationId: 'x',
     });
+  });
+
+  it('a missing price names the model and the exact setting to add', () => {
+    const e = new PricingNotConfiguredError('gpt-4o-mini');
+    expect(e.message).toBe(
+      'No price for model "gpt-4o-mini": add it to the pricing table (pricing.models["gpt-4o-mini"] = { inputPerMillion, outputPerMillion } in createRuntime({ pricing }) or in the pricing file), or turn strictPricing off',
+    );
+    expect(e.details).toEqual({ model: 'gpt-4o-mini', setting: 'pricing.models["gpt-4o-mini"]' });
+    expect(new PricingNotConfiguredError('a"b').setting).toBe('pricing.models["a\\"b"]');
   });
 
   it('validation errors list every issue with its path', () => {
