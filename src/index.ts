@@ -10,6 +10,8 @@
 
 // Errors: every error has `name`, `code` and `retryable`, and survives JSON.
 export {
+  BlobCapExceededError,
+  BlobMissingError,
   BudgetExceededError,
   ConfigurationError,
   ErrorCode,
@@ -23,7 +25,9 @@ export {
   ModelError,
   NonDeterminismError,
   PlanValidationError,
+  PricingNotConfiguredError,
   RedisUnavailableError,
+  ReservationNotFoundError,
   ResumeError,
   RevivedError,
   RunAlreadyExistsError,
@@ -38,6 +42,7 @@ export {
   ToolOutcomeUnknownError,
   UnknownError,
   UnknownToolError,
+  UsageLimitExceededError,
   findCause,
   isFlujoError,
   isRetryable,
@@ -99,6 +104,7 @@ export {
   isFinalStepStatus,
 } from './machines/types.js';
 export type {
+  AgentProgress,
   Decision,
   PlannedAction,
   StepContext,
@@ -112,6 +118,7 @@ export type {
   GateApprovedEvent,
   GateRejectedEvent,
   RetryDueEvent,
+  TurnCommittedEvent,
   RunCancelledEvent,
   RunEvent,
   StepFailedEvent,
@@ -138,6 +145,8 @@ export { createSnapshotCodec } from './persistence/codec.js';
 export type { SnapshotCodec, SnapshotEnvelope, SnapshotMigration } from './persistence/codec.js';
 export { createSnapshotStore } from './persistence/snapshot-store.js';
 export type {
+  CommitOptions,
+  ListAppend,
   ReadEventsOptions,
   RunEventRecord,
   SnapshotStore,
@@ -159,7 +168,10 @@ export type {
 } from './runtime.js';
 export type { CoreOptions } from './worker/core.js';
 export type { FlujoWorker, WorkerOptions } from './worker/worker.js';
-export type { Operator, OperatorContext, StepTools } from './actors/execute-step.js';
+export type { Operator, OperatorContext, StepTools, StreamedText } from './actors/execute-step.js';
+export type { AgentResult } from './actors/run-agent.js';
+export { createDefaultLogger, silentLogger } from './logging.js';
+export type { Logger } from './logging.js';
 export type { RunSummary } from './actors/run-host.js';
 
 // Tools: definitions checked once; every call from a step goes through the ledger.
@@ -174,7 +186,7 @@ export type { ToolRegistry } from './tools/registry.js';
 export { LedgerState } from './persistence/ledger.js';
 export type { LedgerEntry } from './persistence/ledger.js';
 
-// Agents: definitions and the resume fingerprint (the agent step itself comes with the agent runtime).
+// Agents: definitions and the resume fingerprint.
 export { defineAgent } from './agents/define-agent.js';
 export type { AgentDefinition, AgentSettings, AgentSpec } from './agents/define-agent.js';
 export type { ChatMessage, ModelReply, ToolCall } from './llm/messages.js';
