@@ -77,6 +77,8 @@ export class RuntimeCore {
   readonly queue: Queue;
   readonly #queueConnection: Redis;
   #blocking: Redis | undefined;
+  #subscriber: Redis | undefined;
+  readonly #listeners = new Map<string, Set<(message: string) => void>>();
   readonly queueName: string;
   readonly tenantId: string;
   readonly clock: () => number;
@@ -207,6 +209,38 @@ export class RuntimeCore {
     this.redis.publish(this.chunkChannel(chunk.runId), message).catch(() => {});
   }
 
+  /**
+   * Calls `listener` with each chunk message published for the run, until the returned function
+   * is called. One subscriber connection serves every listener of the runtime.
+   */
+  async subscribeChunks(runId: string, listener: (message: string) => void): Promise<() => void> {
+    const channel = this.chunkChannel(runId);
+    if (this.#subscriber === undefined) {
+      const subscriber = this.redis.duplicate();
+      subscriber.on('error', () => {});
+      subscriber.on('message', (from: string, message: string) => {
+        for (const l of this.#listeners.get(from) ?? []) l(message);
+      });
+      this.#subscriber = subscriber;
+    }
+    let listeners = this.#listeners.get(channel);
+    if (listeners === undefined) {
+      listeners = new Set();
+      this.#listeners.set(channel, listeners);
+      await this.#subscriber.subscribe(channel);
+    }
+    listeners.add(listener);
+    return () => {
+      const set = this.#listeners.get(channel);
+      if (set === undefined) return;
+      set.delete(listener);
+      if (set.size === 0) {
+        this.#listeners.delete(channel);
+        this.#subscriber?.unsubscribe(channel).catch(() => {});
+      }
+    };
+  }
+
   /** The pub/sub channel on which a run's streamed reply text is published. */
   chunkChannel(runId: string): string {
     return this.keys.runKey(runId, RunKeyKind.Chunks);
@@ -229,6 +263,8 @@ export class RuntimeCore {
   async close(): Promise<void> {
     this.#blocking?.disconnect();
     this.#blocking = undefined;
+    this.#subscriber?.disconnect();
+    this.#subscriber = undefined;
     await this.queue.close();
     // BullMQ does not close a connection it was given.
     this.#queueConnection.disconnect();

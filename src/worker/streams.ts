@@ -67,12 +67,120 @@ interface Changed {
 /**
  * A run's typed outcomes, derived from its events: `Success` for each attempt that finished,
  * `Failure` for each that failed (final or not), `Paused` when a step waits for approval,
- * `Aborted` when the run is cancelled or stopped.
+ * `Aborted` when the run is cancelled or stopped. With `follow`, also `Chunk` for each piece of a
+ * streaming agent's reply as it arrives (live only: chunks are never stored, the final message is).
  */
 export async function* outcomesOf(
   core: RuntimeCore,
   runId: string,
   options: StreamOptions = {},
+): AsyncGenerator<StepOutcome> {
+  if (options.follow !== true) {
+    yield* storedOutcomes(core, runId, options);
+    return;
+  }
+  // Two sources, one sequence: the stored outcomes as they are committed, and the live chunks.
+  const queue = new OutcomeQueue();
+  const stop = new AbortController();
+  const signal =
+    options.signal === undefined ? stop.signal : AbortSignal.any([options.signal, stop.signal]);
+  const unsubscribe = await core.subscribeChunks(runId, (message) => {
+    const chunk = parseChunk(runId, message);
+    if (chunk !== null) queue.push(chunk);
+  });
+  const pump = (async () => {
+    try {
+      for await (const outcome of storedOutcomes(core, runId, { ...options, signal })) {
+        queue.push(outcome);
+      }
+      queue.end();
+    } catch (error) {
+      queue.fail(error);
+    }
+  })();
+  try {
+    for (;;) {
+      const next = await queue.next();
+      if (next === null) break;
+      yield next;
+    }
+  } finally {
+    unsubscribe();
+    stop.abort();
+    await pump;
+  }
+}
+
+/** A chunk message published by a worker, as a `Chunk` outcome; null when it is not one. */
+function parseChunk(runId: string, message: string): StepOutcome | null {
+  let c: Record<string, unknown>;
+  try {
+    c = JSON.parse(message) as Record<string, unknown>;
+  } catch {
+    return null;
+  }
+  if (c['runId'] !== runId || typeof c['text'] !== 'string') return null;
+  return {
+    type: 'chunk',
+    runId,
+    stepId: String(c['stepId']),
+    attempt: Number(c['attempt']),
+    seq: Number(c['seq']),
+    data: { turn: Number(c['turn']), text: c['text'] },
+    at: Number(c['at']),
+  };
+}
+
+/** Outcomes handed from two producers to one consumer, in arrival order. */
+class OutcomeQueue {
+  readonly #items: StepOutcome[] = [];
+  #waiter: ((value: StepOutcome | null) => void) | undefined;
+  #failed: ((error: unknown) => void) | undefined;
+  #ended = false;
+  #error: unknown;
+
+  push(item: StepOutcome): void {
+    if (this.#ended) return;
+    const waiter = this.#waiter;
+    this.#waiter = undefined;
+    this.#failed = undefined;
+    if (waiter !== undefined) waiter(item);
+    else this.#items.push(item);
+  }
+
+  end(): void {
+    this.#ended = true;
+    const waiter = this.#waiter;
+    this.#waiter = undefined;
+    waiter?.(null);
+  }
+
+  fail(error: unknown): void {
+    this.#error = error;
+    this.#ended = true;
+    const failed = this.#failed;
+    this.#waiter = undefined;
+    this.#failed = undefined;
+    failed?.(error);
+  }
+
+  next(): Promise<StepOutcome | null> {
+    const item = this.#items.shift();
+    if (item !== undefined) return Promise.resolve(item);
+    if (this.#error !== undefined) return Promise.reject(this.#error as Error);
+    if (this.#ended) return Promise.resolve(null);
+    return new Promise((resolve, reject) => {
+      this.#waiter = resolve;
+      this.#failed = reject;
+    });
+  }
+}
+
+/** The outcomes a run's stored events stand for. */
+async function* storedOutcomes(
+  core: RuntimeCore,
+  runId: string,
+  options: StreamOptions,
 ): AsyncGenerator<StepOutcome> {
   let lastError: SerializedError | null = null;
   for await (const e of eventsOf(core, runId, options)) {

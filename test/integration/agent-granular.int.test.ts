@@ -6,9 +6,11 @@ import {
   defineAgent,
   defineTool,
   type AgentDefinition,
+  type Chunk,
   type FlujoWorker,
   type PlanInput,
   type Runtime,
+  type StepOutcome,
   type ToolDefinition,
 } from '../../src/index.js';
 import { runSteps } from '../../src/machines/kernel.js';
@@ -364,6 +366,32 @@ describe('granular agent steps', () => {
       );
       expect(effects).toEqual([]);
     });
+  });
+
+  it('streams reply text live as Chunk outcomes; chunks are not stored, the final message is', async () => {
+    await start(agentWith({ stream: true }));
+    const answer = 'Durable agents keep a journal, a ledger and a history.';
+    model.enqueue(
+      { toolCalls: [{ id: 'c1', name: 'search', arguments: { q: 'x' } }] },
+      { text: answer, chunkDelayMs: 30 },
+    );
+    const run = await runtime.start(plan(), 'Go.');
+    const seen: StepOutcome[] = [];
+    for await (const outcome of runtime.outcomes(run.runId, { follow: true })) seen.push(outcome);
+    const chunks = seen.filter((o): o is Chunk => o.type === 'chunk');
+    expect(chunks.length).toBeGreaterThan(2);
+    expect(chunks.map((c) => (c.data as { text: string }).text).join('')).toBe(answer);
+    expect(chunks.map((c) => c.seq)).toEqual(chunks.map((_, i) => i));
+    expect(
+      chunks.every((c) => c.stepId === 'research' && (c.data as { turn: number }).turn === 1),
+    ).toBe(true);
+    // Live before the step's success, which comes last.
+    expect(seen.at(-1)).toMatchObject({ type: 'success', stepId: 'research' });
+    expect(seen.findIndex((o) => o.type === 'chunk')).toBeLessThan(seen.length - 1);
+    const events = await runtime.core.store.readEvents(run.runId);
+    expect(events.some((e) => JSON.stringify(e.data).includes('chunk'))).toBe(false);
+    const history = await runtime.core.history.read(run.runId, 'research');
+    expect(history.at(-1)).toEqual({ role: 'assistant', content: answer });
   });
 
   describe('model faults', () => {
