@@ -167,7 +167,10 @@ class OutcomeQueue {
   next(): Promise<StepOutcome | null> {
     const item = this.#items.shift();
     if (item !== undefined) return Promise.resolve(item);
-    if (this.#error !== undefined) return Promise.reject(this.#error);
+    if (this.#error !== undefined) {
+      const error = this.#error;
+      return Promise.reject(error instanceof Error ? error : new Error(String(error)));
+    }
     if (this.#ended) return Promise.resolve(null);
     return new Promise((resolve, reject) => {
       this.#waiter = resolve;
