@@ -1,4 +1,4 @@
-import { RunNotFoundError } from '../errors.js';
+import { RunNotFoundError, toFlujoError } from '../errors.js';
 import type { JsonValue } from '../internal/json.js';
 import type { StepStatus } from '../machines/types.js';
 import type { StoredRunEvent } from '../persistence/snapshot-store.js';
@@ -169,7 +169,7 @@ class OutcomeQueue {
     if (item !== undefined) return Promise.resolve(item);
     if (this.#error !== undefined) {
       const error = this.#error;
-      return Promise.reject(error instanceof Error ? error : new Error(String(error)));
+      return Promise.reject(toFlujoError(error));
     }
     if (this.#ended) return Promise.resolve(null);
     return new Promise((resolve, reject) => {
