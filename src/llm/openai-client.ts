@@ -4,6 +4,7 @@
  * leaves here classified once as a `ModelError` (aborts pass through as the SDK's abort error).
  * Requests and replies are converted to and from the JSON-safe wire types of `messages.ts`.
  */
+import { AsyncLocalStorage } from 'node:async_hooks';
 import OpenAI, {
   APIConnectionError,
   APIConnectionTimeoutError,
@@ -19,7 +20,7 @@ import type {
 } from 'openai/resources/chat/completions';
 import type { AgentDefinition } from '../agents/define-agent.js';
 import { toolParametersSchema } from '../agents/tool-schema.js';
-import { ConfigurationError, ModelError } from '../errors.js';
+import { ConfigurationError, findCause, ModelError } from '../errors.js';
 import { classifyModelError, displayURL, type ModelCallContext } from './classify-error.js';
 import type { AssistantMessage, ChatMessage, ModelReply, ToolCall } from './messages.js';
 
@@ -31,6 +32,11 @@ export interface ModelRequest {
   signal?: AbortSignal;
   /** Receives each piece of reply text as it streams in (only when the agent streams). */
   onChunk?: (delta: string) => void;
+  /**
+   * Awaited right before the request goes out on the wire (after the key is read and the request
+   * is built): where usage accounting records that the call was sent. A throw cancels the call.
+   */
+  onSend?: () => Promise<void>;
 }
 
 /** Calls an agent's model. */
@@ -161,7 +167,7 @@ export function createModelClient(
         apiKey: key,
         maxRetries: 0,
         timeout: agent.timeoutMs,
-        ...(options.fetch === undefined ? {} : { fetch: options.fetch }),
+        fetch: sending(options.fetch ?? globalThis.fetch),
       });
       cached = { key, client };
     }
@@ -332,14 +338,44 @@ export function createModelClient(
       const key = readApiKey(agent, env);
       const client = sdk(key);
       const messages = [...system, ...request.messages.map(toOpenAIMessage)];
+      const run = () =>
+        agent.stream
+          ? completeStreaming(client, messages, request)
+          : completePlain(client, messages, request.signal);
       try {
-        return agent.stream
-          ? await completeStreaming(client, messages, request)
-          : await completePlain(client, messages, request.signal);
+        return request.onSend === undefined ? await run() : await beforeSend.run(request.onSend, run);
       } catch (error) {
+        // The SDK wraps what fetch throws: a failed hook is the hook's error, not the model's.
+        const hook = findCause(error, (e) => e instanceof SendHookError);
+        if (hook instanceof SendHookError) throw hook.cause;
         throw classifyModelError(error, contextFor(key));
       }
     },
+  };
+}
+
+// The request's onSend hook, reached from inside the SDK's fetch call (one SDK client serves every
+// request of an agent, so the hook travels with the call, not with the client).
+const beforeSend = new AsyncLocalStorage<() => Promise<void>>();
+
+/** A failure of the onSend hook, kept apart from the model's own errors. */
+class SendHookError extends Error {
+  constructor(override readonly cause: unknown) {
+    super('the onSend hook failed');
+  }
+}
+
+function sending(fetch: typeof globalThis.fetch): typeof globalThis.fetch {
+  return async (input, init) => {
+    const hook = beforeSend.getStore();
+    if (hook !== undefined) {
+      try {
+        await hook();
+      } catch (error) {
+        throw new SendHookError(error);
+      }
+    }
+    return fetch(input, init);
   };
 }
 

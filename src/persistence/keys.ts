@@ -100,6 +100,11 @@ export interface Keys {
    * `<prefix>:{t:<tenantId>}:reservations:<runId>`, in the tenant's hash tag.
    */
   runReservations(tenantId: string, runId: string): string;
+  /**
+   * The ids of the run's reservations not yet reconciled (SET):
+   * `<prefix>:{t:<tenantId>}:open:<runId>`, in the tenant's hash tag.
+   */
+  openReservations(tenantId: string, runId: string): string;
   /** SET of runs that have not ended: a starting worker re-enqueues their work. Not run-scoped. */
   activeRuns(): string;
   /** STRING: the run id a request key maps to, per tenant. Not run-scoped. */
@@ -227,6 +232,11 @@ export function createKeys(prefix: string = DEFAULT_KEY_PREFIX): Keys {
     reservations: (tenantId) => tenantKey(tenantId, 'reservations'),
     runReservations: (tenantId, runId) => {
       const key = tenantKey(tenantId, 'reservations');
+      assertRunId(runId);
+      return `${key}:${runId}`;
+    },
+    openReservations: (tenantId, runId) => {
+      const key = tenantKey(tenantId, 'open');
       assertRunId(runId);
       return `${key}:${runId}`;
     },

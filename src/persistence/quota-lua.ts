@@ -9,7 +9,7 @@
  */
 
 /** Bump when a script changes meaning, so clients never mix versions under one command name. */
-export const QUOTA_SCRIPT_VERSION = 1;
+export const QUOTA_SCRIPT_VERSION = 2;
 
 const PRELUDE = `
 local function now_ms(arg)
@@ -29,11 +29,13 @@ local function arg_limit(v) if v == '' then return nil end return tonumber(v) en
  *   KEYS[1]  the tenant's reservations (HASH id → record)
  *   KEYS[2]  the run's reservation ids (LIST, creation order)
  *   KEYS[3]  the run's usage (HASH)        KEYS[4] the tenant's quota (HASH)
+ *   KEYS[5]  the run's open reservation ids (SET)
  *   ARGV[1]  reservation id                ARGV[2] the new record (JSON; seq, createdAt set here)
  *   ARGV[3]  tokens requested              ARGV[4] micro-USD requested
  *   ARGV[5]  the run's maxTokens or ''     ARGV[6] the run's maxMicroUsd or ''
  *   ARGV[7]  now in ms, '' = Redis clock
- *   Returns  {'created', record} | {'existing', record} |
+ *   Returns  {'created', record, others} (others: how many other reservations of the run are
+ *            open) | {'existing', record} |
  *            {'denied', '', scope, limit, limitValue, spent, reserved, requested} (run limits are
  *            checked before the tenant's, tokens before cost; the first exceeded one is named)
  */
@@ -62,6 +64,8 @@ e.seq = redis.call('RPUSH', KEYS[2], ARGV[1])
 e.createdAt = now_ms(ARGV[7])
 local raw = cjson.encode(e)
 redis.call('HSET', KEYS[1], ARGV[1], raw)
+local others = redis.call('SCARD', KEYS[5])
+redis.call('SADD', KEYS[5], ARGV[1])
 for _, key in ipairs({KEYS[3], KEYS[4]}) do
   redis.call('HINCRBY', key, 'reservedTokens', ARGV[3])
   redis.call('HINCRBY', key, 'reservedMicroUsd', ARGV[4])
@@ -74,7 +78,7 @@ for i, field in ipairs({'maxTokens', 'maxMicroUsd'}) do
     redis.call('HSET', KEYS[3], field, ARGV[4 + i])
   end
 end
-return {'created', raw}
+return {'created', raw, int(others)}
 `;
 
 /*
@@ -100,6 +104,7 @@ return {'applied', raw}
  * reconcile: settles a reservation, exactly once. Releases exactly its reserved amounts from the
  * run's and the tenant's reserved counters and adds the charge to their spent counters.
  *   KEYS[1]  the tenant's reservations     KEYS[2] the run's usage   KEYS[3] the tenant's quota
+ *   KEYS[4]  the run's open reservation ids (SET)
  *   ARGV[1]  reservation id                ARGV[2] the run id KEYS[2] was built for
  *   ARGV[3]  'usage' | 'baseline' | 'none'
  *   ARGV[4]  input tokens   ARGV[5] output tokens   ARGV[6] micro-USD   (for 'usage', else '0')
@@ -131,6 +136,7 @@ e.charged = {inputTokens = input, outputTokens = output, tokens = input + output
 e.reconciledAt = now_ms(ARGV[7])
 raw = cjson.encode(e)
 redis.call('HSET', KEYS[1], ARGV[1], raw)
+redis.call('SREM', KEYS[4], ARGV[1])
 for _, key in ipairs({KEYS[2], KEYS[3]}) do
   redis.call('HINCRBY', key, 'reservedTokens', int(-e.reservedTokens))
   redis.call('HINCRBY', key, 'reservedMicroUsd', int(-e.reservedMicroUsd))
@@ -142,7 +148,7 @@ return {'applied', raw}
 
 /** The scripts by command name (without the version suffix), with their number of keys. */
 export const QUOTA_SCRIPTS = {
-  reserve: { keys: 4, lua: PRELUDE + RESERVE },
+  reserve: { keys: 5, lua: PRELUDE + RESERVE },
   markSent: { keys: 1, lua: PRELUDE + MARK_SENT },
-  reconcile: { keys: 3, lua: PRELUDE + RECONCILE },
+  reconcile: { keys: 4, lua: PRELUDE + RECONCILE },
 } as const;

@@ -149,6 +149,17 @@ export interface UsageTotals extends TenantQuota {
   spentMicroUsd: number;
 }
 
+/**
+ * A reservation returned by `reserve` carries, under this symbol, how many other reservations of
+ * its run were open when it was made (absent when none): a sign that a worker died mid-call.
+ */
+export const OTHERS_OPEN: unique symbol = Symbol('othersOpen');
+
+/** How many other reservations of the run were open when `reservation` was made. */
+export function othersOpen(reservation: Reservation): number {
+  return (reservation as unknown as Record<symbol, number | undefined>)[OTHERS_OPEN] ?? 0;
+}
+
 /** Usage reservations and quotas in Redis. Every write is one atomic step. */
 export interface QuotaStore {
   /**
@@ -159,12 +170,16 @@ export interface QuotaStore {
   reserve(request: ReserveRequest): Promise<Reservation>;
   /** Records that the request went out (reserved → sent); any other state is returned as is. */
   markSent(tenantId: string, reservationId: string, at?: number): Promise<Reservation>;
-  /** Settles the reservation; only the first call applies (see {@link ReconcileOutcome}). */
+  /**
+   * Settles the reservation; only the first call applies (see {@link ReconcileOutcome}). With the
+   * reservation's `runId` it is one atomic step; without, the record is read first to find it.
+   */
   reconcile(
     tenantId: string,
     reservationId: string,
     outcome: ReconcileOutcome,
     at?: number,
+    runId?: string,
   ): Promise<ReconcileResult>;
   /** The run's reservations not yet reconciled, in creation order. */
   open(tenantId: string, runId: string): Promise<Reservation[]>;
@@ -381,6 +396,7 @@ export function createQuotaStore(options: QuotaStoreOptions): QuotaStore {
         idsKey,
         keys.runUsage(tenantId, runId),
         keys.tenantQuota(tenantId),
+        keys.openReservations(tenantId, runId),
         reservationId,
         JSON.stringify(fresh),
         String(fresh.reservedTokens),
@@ -407,7 +423,10 @@ export function createQuotaStore(options: QuotaStoreOptions): QuotaStore {
       if (status !== 'created' && status !== 'existing') {
         throw new InvariantError(`reserve of "${reservationId}" replied ${status}`);
       }
-      return decode(raw);
+      const reservation = decode(raw);
+      const others = Number(denial[0] ?? 0);
+      if (others > 0) Object.defineProperty(reservation, OTHERS_OPEN, { value: others });
+      return reservation;
     },
 
     /*
@@ -429,7 +448,7 @@ export function createQuotaStore(options: QuotaStoreOptions): QuotaStore {
      *   Written keys:  reservations, runUsage, tenantQuota (only by the call that applies)
      *   Throws:        ReservationNotFoundError, InputValidationError, RedisUnavailableError
      */
-    async reconcile(tenantId, reservationId, outcome, at) {
+    async reconcile(tenantId, reservationId, outcome, at, runId) {
       const kind = kindSchema.safeParse((outcome as { kind?: unknown } | null)?.kind);
       if (!kind.success) refuse('usage outcome', 'outcome.kind', 'must be usage, baseline or none');
       let figures = ['0', '0', '0'];
@@ -441,17 +460,23 @@ export function createQuotaStore(options: QuotaStoreOptions): QuotaStore {
         ].map(String);
       }
       const stamp = now(at);
-      const before = await get(tenantId, reservationId);
-      if (before === null) throw new ReservationNotFoundError(tenantId, reservationId);
-      if (before.state === ReservationState.Reconciled) {
-        return { reservation: before, applied: false };
+      // The run names the run's usage key, as Redis Cluster requires; read it when not given.
+      let owner = runId;
+      if (owner === undefined) {
+        const before = await get(tenantId, reservationId);
+        if (before === null) throw new ReservationNotFoundError(tenantId, reservationId);
+        if (before.state === ReservationState.Reconciled) {
+          return { reservation: before, applied: false };
+        }
+        owner = before.runId;
       }
       const [status, raw] = await call('reconcile', [
         keys.reservations(tenantId),
-        keys.runUsage(tenantId, before.runId),
+        keys.runUsage(tenantId, owner),
         keys.tenantQuota(tenantId),
+        keys.openReservations(tenantId, owner),
         reservationId,
-        before.runId,
+        owner,
         outcome.kind,
         ...figures,
         stamp,
@@ -459,13 +484,23 @@ export function createQuotaStore(options: QuotaStoreOptions): QuotaStore {
       if (status === 'applied' || status === 'already') {
         return { reservation: decode(raw), applied: status === 'applied' };
       }
+      if (status === 'missing') throw new ReservationNotFoundError(tenantId, reservationId);
       throw new InvariantError(
         `reconcile of usage reservation "${reservationId}" (tenant "${tenantId}") replied ${status}`,
       );
     },
 
     async open(tenantId, runId) {
-      return (await list(tenantId, runId)).filter((r) => r.state !== ReservationState.Reconciled);
+      const ids = await redisCall(() => redis.smembers(keys.openReservations(tenantId, runId)));
+      if (ids.length === 0) return [];
+      const raws = await redisCall(() => redis.hmget(keys.reservations(tenantId), ...ids));
+      const open: Reservation[] = [];
+      for (const raw of raws) {
+        if (raw === null) continue;
+        const r = decode(raw);
+        if (r.state !== ReservationState.Reconciled) open.push(r);
+      }
+      return open.sort((a, b) => a.seq - b.seq);
     },
 
     list,

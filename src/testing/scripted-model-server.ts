@@ -43,6 +43,10 @@ export interface RecordedRequest {
   messages: readonly RequestMessage[];
   /** Epoch milliseconds when the request arrived. */
   at: number;
+  /** True once a whole completion (not an error, not a cut-off stream) was written back. */
+  answered: boolean;
+  /** The usage figures the answer reported (null until answered, or when it reported none). */
+  usage: { prompt_tokens: number; completion_tokens: number } | null;
 }
 
 /** A reply computed from the request, for tests that need to look at what the model was asked. */
@@ -250,6 +254,11 @@ export async function startScriptedModelServer(
         signal,
       );
     else sendJson(res, 200, completionBody(meta, resolved));
+    if (!res.destroyed && res.writableEnded) {
+      request.answered = true;
+      const { prompt_tokens, completion_tokens } = resolved.usage;
+      request.usage = stream && !includeUsage ? null : { prompt_tokens, completion_tokens };
+    }
   };
 
   const handle = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
@@ -281,6 +290,8 @@ export async function startScriptedModelServer(
       model: typeof fields['model'] === 'string' ? fields['model'] : undefined,
       messages,
       at: Date.now(),
+      answered: false,
+      usage: null,
     };
     requests.push(request);
 

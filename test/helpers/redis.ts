@@ -39,6 +39,7 @@ export async function readPrefix(redis: Redis, prefix: string): Promise<Record<s
       if (type === 'hash') out[key] = { hash: await redis.hgetall(key) };
       else if (type === 'list') out[key] = { list: await redis.lrange(key, 0, -1) };
       else if (type === 'string') out[key] = { string: await redis.get(key) };
+      else if (type === 'set') out[key] = { set: (await redis.smembers(key)).sort() };
       else out[key] = { type };
     }
   } while (cursor !== '0');

@@ -12,6 +12,7 @@ import {
   type ReconcileOutcome,
   type Reservation,
   type ReserveRequest,
+  othersOpen,
 } from '../../src/persistence/quota-store.js';
 import { caught } from '../helpers/caught.js';
 import { connect, deletePrefix, readPrefix, testPrefix } from '../helpers/redis.js';
@@ -81,6 +82,7 @@ describe('quota store: reserve', () => {
         hash: { 'res-1': await redis.hget(keys.reservations(T), 'res-1') },
       },
       [keys.runReservations(T, R)]: { list: ['res-1'] },
+      [keys.openReservations(T, R)]: { set: ['res-1'] },
       [keys.runUsage(T, R)]: {
         hash: { reservedTokens: '100', reservedMicroUsd: '500', maxTokens: '1000' },
       },
@@ -135,7 +137,7 @@ describe('quota store: reserve', () => {
     await store.setTenantQuota(T, { maxTokens: 150 });
     await store.reserve(req(1));
     const before = await readPrefix(redis, prefix);
-    expect(Object.keys(before)).toHaveLength(4);
+    expect(Object.keys(before)).toHaveLength(5);
     now += 10;
     const e = await caught(store.reserve(req(2, { runId: 'run-new' })));
     expect(e).toBeInstanceOf(UsageLimitExceededError);
@@ -366,6 +368,30 @@ describe('quota store: markSent and reconcile', () => {
       });
     }
     expect(await readPrefix(redis, prefix)).toEqual(after);
+  });
+
+  it('tracks open reservations: others open at reserve time, and reconcile by run in one step', async () => {
+    const first = await store.reserve(req(1));
+    expect(othersOpen(first)).toBe(0);
+    const second = await store.reserve(req(2));
+    // A reservation made while another of the run is open says so (a worker may have died).
+    expect(othersOpen(second)).toBe(1);
+    expect((await store.open(T, R)).map((r) => r.id)).toEqual(['res-1', 'res-2']);
+    const done = await store.reconcile(T, 'res-1', { kind: 'none' }, undefined, R);
+    expect(done.applied).toBe(true);
+    expect((await store.open(T, R)).map((r) => r.id)).toEqual(['res-2']);
+    expect(await redis.smembers(keys.openReservations(T, R))).toEqual(['res-2']);
+    // Again, by run: nothing changes.
+    expect((await store.reconcile(T, 'res-1', { kind: 'baseline' }, undefined, R)).applied).toBe(
+      false,
+    );
+    await store.reconcile(T, 'res-2', { kind: 'baseline' }, undefined, R);
+    expect(await store.open(T, R)).toEqual([]);
+    expect(await redis.exists(keys.openReservations(T, R))).toBe(0);
+    expect(othersOpen(await store.reserve(req(3)))).toBe(0);
+    await expect(store.reconcile(T, 'res-9', { kind: 'none' }, undefined, R)).rejects.toThrow(
+      ReservationNotFoundError,
+    );
   });
 
   it('a reconcile replayed by two clients at once applies once', async () => {
