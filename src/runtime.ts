@@ -15,6 +15,7 @@ import { parsePlan } from './plan/parse-plan.js';
 import type { Plan, PlanInput } from './plan/schema.js';
 import { assertRunId, assertTenantId } from './persistence/keys.js';
 import type { LedgerEntry } from './persistence/ledger.js';
+import type { Reservation, UsageTotals } from './persistence/quota-store.js';
 import type { StoredRunEvent } from './persistence/snapshot-store.js';
 import type { StepOutcome } from './schemas/outcomes.js';
 import type { ToolDefinition } from './tools/define-tool.js';
@@ -72,6 +73,16 @@ export interface RunHandle {
   outcomes(options?: { follow?: boolean; signal?: AbortSignal }): AsyncIterable<StepOutcome>;
 }
 
+/** A run's model usage. */
+export interface RunUsage {
+  runId: string;
+  tenantId: string;
+  /** Every usage reservation of the run, in the order they were made. */
+  reservations: Reservation[];
+  /** Tokens and micro-USD reserved (calls in flight) and spent, with the run's limits. */
+  totals: UsageTotals;
+}
+
 /** Who decided on a gate, and why. */
 export interface DecisionInput {
   by: string;
@@ -116,6 +127,16 @@ export interface Runtime {
   ): AsyncIterable<StepOutcome>;
   /** The run's tool-call ledger. */
   ledger(runId: string): Promise<LedgerEntry[]>;
+  /** The run's model usage: every reservation (per step and turn) and the run's totals. */
+  usage(runId: string): Promise<RunUsage>;
+  /**
+   * Sets a tenant's quota over all its runs (tokens and USD; `null` removes a limit, an omitted
+   * field keeps it). A model call that would pass it is refused before it is sent.
+   */
+  setTenantQuota(
+    tenantId: string,
+    quota: { maxTokens?: number | null; maxCostUsd?: number | null },
+  ): Promise<{ maxTokens: number | null; maxCostUsd: number | null }>;
   /** Resolves an in-doubt tool call: record its receipt, or let the step call it again. */
   resolveToolCall(
     runId: string,
@@ -336,6 +357,38 @@ export function createRuntime(options: RuntimeOptions): Runtime {
     async ledger(runId) {
       const meta = await core.meta(runId);
       return core.ledger.list(runId, meta.tenantId);
+    },
+
+    async usage(runId) {
+      const meta = await core.meta(runId);
+      const [reservations, totals] = await Promise.all([
+        core.quota.list(meta.tenantId, runId),
+        core.quota.usage(meta.tenantId, runId),
+      ]);
+      return { runId, tenantId: meta.tenantId, reservations, totals };
+    },
+
+    async setTenantQuota(tenantId, quota) {
+      assertTenantId(tenantId);
+      const cost = quota.maxCostUsd;
+      if (cost !== undefined && cost !== null && (typeof cost !== 'number' || !(cost >= 0))) {
+        throw new InputValidationError('tenant quota', [
+          {
+            path: 'maxCostUsd',
+            message: `must be a number ≥ 0 (USD) or null, got ${String(cost)}`,
+          },
+        ]);
+      }
+      const set = await core.quota.setTenantQuota(tenantId, {
+        ...(quota.maxTokens === undefined ? {} : { maxTokens: quota.maxTokens }),
+        ...(cost === undefined
+          ? {}
+          : { maxMicroUsd: cost === null ? null : Math.round(cost * 1_000_000) }),
+      });
+      return {
+        maxTokens: set.maxTokens,
+        maxCostUsd: set.maxMicroUsd === null ? null : set.maxMicroUsd / 1_000_000,
+      };
     },
 
     async resolveToolCall(runId, callId, resolution, by) {

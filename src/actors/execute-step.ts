@@ -17,7 +17,9 @@ import { callTool } from '../tools/call-tool.js';
 import type { ToolRegistry } from '../tools/registry.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
 import type { ModelClient } from '../llm/openai-client.js';
-import { runAtomicAgent, takeTurn, type TurnResult } from './run-agent.js';
+import { runAtomicAgent, takeTurn, type AgentLoopDeps, type TurnResult } from './run-agent.js';
+import type { ModelContext } from './model-context.js';
+import type { RunUsageBudget, UsageMeter } from './usage-meter.js';
 
 /** What an operator receives. */
 export interface OperatorContext {
@@ -66,6 +68,30 @@ export interface StepExecutionDeps {
   readHistory: (runId: string, stepId: string, cursor: number) => Promise<ChatMessage[]>;
   /** Receives streamed reply text of an agent step (not persisted). */
   onChunk?: (chunk: StreamedText) => void;
+  /** Reserves and reconciles the usage of every model call. */
+  meter?: UsageMeter;
+  /** Shapes what the model is sent: truncation, blobs put back. */
+  context?: ModelContext;
+  /** Stores a large tool result of a granular step as a blob; returns what the history keeps. */
+  offload?: (runId: string, content: string, thresholdBytes: number) => Promise<string>;
+  /** The run's usage budget. */
+  budget?: RunUsageBudget;
+}
+
+/** What every agent loop gets from the step's deps. */
+function loopDeps(
+  deps: StepExecutionDeps,
+  where: { runId: string; stepId: string; attempt: number },
+): AgentLoopDeps {
+  return {
+    ledger: deps.ledger,
+    leaseMs: deps.leaseMs,
+    clientFor: deps.clientFor,
+    beforeToolRun: () => countToolCall(deps, where.runId),
+    ...chunkSink(deps, where),
+    ...(deps.meter === undefined ? {} : { meter: deps.meter }),
+    ...(deps.context === undefined ? {} : { context: deps.context }),
+  };
 }
 
 /** A piece of an agent's reply as it streams in. */
@@ -149,16 +175,16 @@ export async function executeTurn(
   const { step, state, runId, tenantId, signal } = args;
   try {
     const agent = resolveAgent(deps, step);
+    const offload = deps.offload;
     const turn = await takeTurn(
       {
-        ledger: deps.ledger,
-        leaseMs: deps.leaseMs,
-        clientFor: deps.clientFor,
-        beforeToolRun: () => countToolCall(deps, runId),
+        ...loopDeps(deps, { runId, stepId: step.id, attempt: state.attempt }),
         journal: deps.journal,
         fingerprints: deps.fingerprints,
         readHistory: deps.readHistory,
-        ...chunkSink(deps, { runId, stepId: step.id, attempt: state.attempt }),
+        ...(offload === undefined
+          ? {}
+          : { storeResult: (content: string) => offload(runId, content, step.blobThresholdBytes) }),
       },
       {
         agent,
@@ -171,6 +197,7 @@ export async function executeTurn(
         turn: args.turn,
         cursor: state.agent?.cursor ?? 0,
         fingerprint: state.agent?.fingerprint ?? null,
+        ...(deps.budget === undefined ? {} : { budget: deps.budget }),
       },
     );
     return { kind: 'turn', turn };
@@ -252,14 +279,17 @@ export async function executeStep(
           throw new InvariantError(`granular step "${step.id}" was given to a step job`);
         }
         return await runAtomicAgent(
+          loopDeps(deps, { runId, stepId: step.id, attempt: state.attempt }),
           {
-            ledger: deps.ledger,
-            leaseMs: deps.leaseMs,
-            clientFor: deps.clientFor,
-            beforeToolRun: () => countToolCall(deps, runId),
-            ...chunkSink(deps, { runId, stepId: step.id, attempt: state.attempt }),
+            agent,
+            step,
+            input,
+            runId,
+            tenantId,
+            attempt: state.attempt,
+            signal,
+            ...(deps.budget === undefined ? {} : { budget: deps.budget }),
           },
-          { agent, step, input, runId, tenantId, attempt: state.attempt, signal },
         );
       }
       default: {

@@ -19,6 +19,8 @@ import type { FingerprintStore } from '../persistence/fingerprint-store.js';
 import type { ModelJournal } from '../persistence/model-journal.js';
 import { MaxTurnsExceededError } from '../errors.js';
 import { runToolCalls, type ToolRunDeps } from './agent-tools.js';
+import type { ModelContext } from './model-context.js';
+import type { RunUsageBudget, UsageMeter } from './usage-meter.js';
 
 /** What an agent step returns: the final answer and what it took. */
 export interface AgentResult {
@@ -34,6 +36,37 @@ export interface AgentLoopDeps extends ToolRunDeps {
   clientFor: (agent: AgentDefinition) => ModelClient;
   /** Receives reply text of turn `turn` as it streams in (agents that stream). */
   onChunk?: (delta: string, turn: number) => void;
+  /** Reserves and reconciles the usage of each model call. @defaultValue calls are not metered */
+  meter?: UsageMeter;
+  /** Shapes what the model is sent (truncation, blobs). @defaultValue the conversation as is */
+  context?: ModelContext;
+}
+
+/** Asks the model for the reply of `turn`, metered and shaped when the deps say so. */
+async function askModel(
+  deps: AgentLoopDeps,
+  args: AgentStepArgs,
+  turn: number,
+  conversation: readonly ChatMessage[],
+): Promise<ModelReply> {
+  const { agent, step, runId, tenantId, signal } = args;
+  const messages =
+    deps.context === undefined
+      ? conversation
+      : await deps.context.prepare({ agent, step, runId, messages: conversation });
+  const onChunk = deps.onChunk;
+  const complete = (onSend?: () => Promise<void>) =>
+    deps.clientFor(agent).complete({
+      messages,
+      signal,
+      ...(onChunk === undefined ? {} : { onChunk: (d: string) => onChunk(d, turn) }),
+      ...(onSend === undefined ? {} : { onSend }),
+    });
+  if (deps.meter === undefined) return complete();
+  return deps.meter.call(
+    { agent, tenantId, runId, stepId: step.id, turn, messages, budget: args.budget },
+    complete,
+  );
 }
 
 /** Caches one model client per agent definition. */
@@ -63,6 +96,8 @@ export interface AgentStepArgs {
   tenantId: string;
   attempt: number;
   signal: AbortSignal;
+  /** The run's usage budget (`maxTokens`, `maxCostUsd`). */
+  budget?: RunUsageBudget;
 }
 
 /**
@@ -78,17 +113,11 @@ export async function runAtomicAgent(
   args: AgentStepArgs,
 ): Promise<AgentResult> {
   const { agent, step, runId, tenantId, attempt, signal } = args;
-  const client = deps.clientFor(agent);
   const messages: ChatMessage[] = [userMessage(args.input)];
   const usage = { promptTokens: 0, completionTokens: 0 };
   let toolCalls = 0;
   for (let turn = 0; turn < step.maxTurns; turn++) {
-    const onChunk = deps.onChunk;
-    const reply = await client.complete({
-      messages,
-      signal,
-      ...(onChunk === undefined ? {} : { onChunk: (d: string) => onChunk(d, turn) }),
-    });
+    const reply = await askModel(deps, args, turn, messages);
     add(usage, reply.usage);
     messages.push(reply.message);
     const calls = toolCallsOf(reply.message);
@@ -192,16 +221,17 @@ export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResu
   const added: ChatMessage[] = turn === 0 ? [userMessage(args.input)] : [];
   let reply = await deps.journal.get(runId, step.id, turn);
   if (reply === null) {
-    const onChunk = deps.onChunk;
-    const fresh = await deps.clientFor(agent).complete({
-      messages: [...history, ...added],
-      signal,
-      ...(onChunk === undefined ? {} : { onChunk: (d: string) => onChunk(d, turn) }),
-    });
+    const fresh = await askModel(deps, args, turn, [...history, ...added]);
     debugPoint(DebugPoint.afterModelReply, `${step.id}:${turn}`);
     // The first reply recorded for the turn wins: a worker racing this one uses the same reply.
     reply = (await deps.journal.record(runId, step.id, turn, fresh)).reply;
     debugPoint(DebugPoint.afterJournal, `${step.id}:${turn}`);
+  } else if (deps.meter !== undefined) {
+    // The reply of a worker that stopped after journaling it: settle what that worker left open.
+    const journaled = reply;
+    await deps.meter.settle({ tenantId, runId, stepId: step.id, agent }, (r) =>
+      r.turn === turn ? Promise.resolve(journaled) : deps.journal.get(runId, step.id, r.turn),
+    );
   }
   added.push(reply.message);
   const calls = toolCallsOf(reply.message);

@@ -10,6 +10,7 @@ import { RunNotFoundError } from '../errors.js';
 import { createKeys, isRunId, type Keys } from '../persistence/keys.js';
 import { ensureEmbeddedRedis, type DetachedRedis } from '../persistence/embedded-redis.js';
 import { createRuntime, type Runtime } from '../runtime.js';
+import { createCliLogger } from './log.js';
 import type { JobModule } from './job-module.js';
 import { CliError, ExitCode, badInput } from './exit-codes.js';
 
@@ -171,6 +172,7 @@ export async function connect(options: ConnectOptions): Promise<Connection> {
       runtime ??= createRuntime({
         redis,
         prefix,
+        logger: createCliLogger(),
         ...(job === undefined
           ? {}
           : { operators: job.operators, tools: job.tools, agents: job.agents }),

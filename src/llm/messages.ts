@@ -77,6 +77,8 @@ export const modelReplySchema = z.object({
   model: z.string(),
   /** The provider's request id (`x-request-id`), when it sent one. */
   requestId: z.string().optional(),
+  /** The usage reservation the call was charged to, when it was metered. */
+  reservationId: z.string().optional(),
 });
 export type ModelReply = z.infer<typeof modelReplySchema>;
 

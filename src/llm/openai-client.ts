@@ -343,7 +343,9 @@ export function createModelClient(
           ? completeStreaming(client, messages, request)
           : completePlain(client, messages, request.signal);
       try {
-        return request.onSend === undefined ? await run() : await beforeSend.run(request.onSend, run);
+        return request.onSend === undefined
+          ? await run()
+          : await beforeSend.run(request.onSend, run);
       } catch (error) {
         // The SDK wraps what fetch throws: a failed hook is the hook's error, not the model's.
         const hook = findCause(error, (e) => e instanceof SendHookError);

@@ -64,6 +64,12 @@ export interface AgentLoopOptions {
 /** Options of {@link Step.agent}: the common fields (input is positional), the loop, the mode. */
 export interface AgentStepOptions extends Omit<StepOptions, 'input'>, AgentLoopOptions {
   /**
+   * A granular step whose history lost a blob (its retention elapsed) replays with a marker in
+   * its place, for results of idempotent tools, instead of failing with `BlobMissingError`.
+   * @defaultValue `false`
+   */
+  degradedReplay?: boolean;
+  /**
    * `atomic`: the whole loop in one unit, one commit at the end. `granular`: one unit and one
    * commit per turn, resumable mid-loop (see {@link Step.granular}).
    * @defaultValue `'atomic'`

@@ -202,6 +202,11 @@ export const agentStepSchema = z
     historyMaxTokens: z.number().int().min(1).default(128_000),
     blobThresholdBytes: z.number().int().min(1).default(20_000),
     enforceIdempotency: z.boolean().default(false),
+    /**
+     * When a blob of the history is gone (retention elapsed), replay with a marker in its place
+     * instead of failing, for results of idempotent tools only.
+     */
+    degradedReplay: z.boolean().default(false),
   })
   .strict();
 

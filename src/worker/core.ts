@@ -17,6 +17,12 @@ import { createFingerprintStore, type FingerprintStore } from '../persistence/fi
 import { createHistoryStore, type HistoryStore } from '../persistence/history.js';
 import { createModelJournal, type ModelJournal } from '../persistence/model-journal.js';
 import { createDefaultLogger, type Logger } from '../logging.js';
+import { parsePricing, type PricingTable } from '../llm/pricing.js';
+import { createTokenCounter, type TokenCounter } from '../llm/tokens.js';
+import { createBlobStore, type BlobStore } from '../persistence/blob-store.js';
+import { createQuotaStore, type QuotaStore } from '../persistence/quota-store.js';
+import { createModelContext, type ModelContext } from '../actors/model-context.js';
+import { createUsageMeter, type UsageMeter } from '../actors/usage-meter.js';
 import { createSnapshotStore, type SnapshotStore } from '../persistence/snapshot-store.js';
 import type { PlannedAction } from '../machines/types.js';
 import type { RunEvent } from '../schemas/events.js';
@@ -37,6 +43,25 @@ export interface CoreOptions {
   clock?: () => number;
   /** Where the runtime logs. @defaultValue JSON lines on stderr from `warn` up (`FLUJO_LOG_LEVEL`) */
   logger?: Logger;
+  /**
+   * Prices per model, USD per million input and output tokens:
+   * `{ models: { 'gpt-4o-mini': { inputPerMillion: 0.15, outputPerMillion: 0.6 } } }` (see also
+   * `loadPricingFile`). @defaultValue no prices: calls cost 0 unless `strictPricing`
+   */
+  pricing?: PricingTable;
+  /** A model without a price is refused with `PricingNotConfiguredError` before any request. @defaultValue false */
+  strictPricing?: boolean;
+  /** Output tokens reserved per model call when the agent sets no `settings.maxTokens`. @defaultValue 1024 */
+  defaultOutputTokens?: number;
+  /** Storage of large tool results of granular steps. */
+  blobs?: {
+    /** How long a blob is kept after its last write, in ms. @defaultValue 7 days */
+    retentionMs?: number;
+    /** Most blob bytes one run may store. @defaultValue 256 MiB */
+    maxBytesPerRun?: number;
+    /** Bytes of blob content a worker keeps in memory between turns (0: none). @defaultValue 32 MiB */
+    cacheBytes?: number;
+  };
 }
 
 /** The abort-channel message naming one running attempt. */
@@ -73,7 +98,12 @@ export class RuntimeCore {
   readonly journal: ModelJournal;
   readonly history: HistoryStore;
   readonly fingerprints: FingerprintStore;
+  readonly quota: QuotaStore;
+  readonly blobs: BlobStore;
+  readonly meter: UsageMeter;
+  readonly context: ModelContext;
   readonly log: Logger;
+  readonly #counters = new Map<string, TokenCounter>();
   readonly queue: Queue;
   readonly #queueConnection: Redis;
   #blocking: Redis | undefined;
@@ -114,6 +144,32 @@ export class RuntimeCore {
     this.history = createHistoryStore(stores);
     this.fingerprints = createFingerprintStore(stores);
     this.log = options.logger ?? createDefaultLogger();
+    this.quota = createQuotaStore({
+      ...stores,
+      ...(options.clock ? { clock: options.clock } : {}),
+    });
+    const { cacheBytes, ...blobOptions } = options.blobs ?? {};
+    this.blobs = createBlobStore({ ...stores, ...blobOptions });
+    const pricing =
+      options.pricing === undefined
+        ? undefined
+        : parsePricing(options.pricing, 'createRuntime({ pricing })');
+    this.meter = createUsageMeter({
+      quota: this.quota,
+      ...(pricing === undefined ? {} : { pricing }),
+      strictPricing: options.strictPricing ?? false,
+      ...(options.defaultOutputTokens === undefined
+        ? {}
+        : { defaultOutputTokens: options.defaultOutputTokens }),
+      log: this.log,
+      counterFor: (model) => this.tokens(model),
+    });
+    this.context = createModelContext({
+      counterFor: (model) => this.tokens(model),
+      blobs: this.blobs,
+      log: this.log,
+      ...(cacheBytes === undefined ? {} : { blobCacheBytes: cacheBytes }),
+    });
     this.#queueConnection = this.redis.duplicate({ maxRetriesPerRequest: null });
     this.#queueConnection.on('error', () => {});
     this.queue = new Queue(this.queueName, {
@@ -150,6 +206,18 @@ export class RuntimeCore {
     if (this.#metaCache.size > 10_000) this.#metaCache.clear();
     this.#metaCache.set(runId, meta);
     return meta;
+  }
+
+  /** The token counter of a model (one per model, shared by usage and context). */
+  tokens(model: string): TokenCounter {
+    let counter = this.#counters.get(model);
+    if (counter === undefined) {
+      counter = createTokenCounter(model, {
+        onHeuristic: (info) => this.log.warn({ model: info.model }, info.reason),
+      });
+      this.#counters.set(model, counter);
+    }
+    return counter;
   }
 
   /** Adds every job the run's snapshot says is due (ids make repeats harmless). */

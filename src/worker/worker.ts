@@ -143,7 +143,34 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     fingerprints: core.fingerprints,
     readHistory: (runId, stepId, cursor) => histories.read(runId, stepId, cursor),
     onChunk: (chunk) => core.publishChunk(chunk),
+    meter: core.meter,
+    context: core.context,
+    offload: (runId, content, threshold) => core.blobs.offload(runId, content, threshold),
   };
+
+  /** The deps of one unit of the run: its budgets. */
+  const depsFor = (meta: RunMeta): StepExecutionDeps => {
+    const budgets = meta.plan.budgets;
+    return {
+      ...deps,
+      maxToolCalls: budgets?.maxToolCalls,
+      budget: {
+        ...(budgets?.maxTokens === undefined ? {} : { maxTokens: budgets.maxTokens }),
+        ...(budgets?.maxCostUsd === undefined ? {} : { maxCostUsd: budgets.maxCostUsd }),
+      },
+    };
+  };
+
+  /**
+   * After a commit that ended the run: settles the usage reservations a worker that died left
+   * open (none in the common case: one small read), so a finished run holds no open reservation.
+   */
+  async function afterCommit(runId: string, meta: RunMeta, status: string): Promise<void> {
+    if (status !== 'succeeded' && status !== 'failed') return;
+    await core.meter.settle({ tenantId: meta.tenantId, runId }, (r) =>
+      core.journal.get(runId, r.stepId, r.turn),
+    );
+  }
 
   /**
    * The guard of every step and turn job: the attempt must still be RUNNING (else it was already
@@ -225,18 +252,15 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       if (out !== undefined && out !== null) depOutputs[d] = out;
     }
     const result = await guarded(runId, stepId, attempt, jobSignal, (signal) =>
-      executeStep(
-        { ...deps, maxToolCalls: meta.plan.budgets?.maxToolCalls },
-        {
-          step,
-          state,
-          runId,
-          tenantId: meta.tenantId,
-          runInput: meta.input,
-          depOutputs,
-          signal,
-        },
-      ),
+      executeStep(depsFor(meta), {
+        step,
+        state,
+        runId,
+        tenantId: meta.tenantId,
+        runInput: meta.input,
+        depOutputs,
+        signal,
+      }),
     );
     if (result.kind === 'failed' && result.error.code === 'tool_call_busy') {
       return { retryAfterMs: Math.max(50, result.error.retryAfterMs ?? 1000) };
@@ -252,6 +276,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     const applied = await core.host.apply(runId, event, env);
     debugPoint(DebugPoint.afterCommit, stepId);
     await core.enqueueDue(runId, applied.envelope.snapshot);
+    await afterCommit(runId, meta, applied.transition.status);
     return result.kind;
   }
 
@@ -288,10 +313,15 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       return stored > turn ? 'turn-committed' : 'turn-gap';
     }
     const outcome = await guarded(runId, stepId, attempt, jobSignal, (signal) =>
-      executeTurn(
-        { ...deps, maxToolCalls: meta.plan.budgets?.maxToolCalls },
-        { step, state, runId, tenantId: meta.tenantId, runInput: meta.input, turn, signal },
-      ),
+      executeTurn(depsFor(meta), {
+        step,
+        state,
+        runId,
+        tenantId: meta.tenantId,
+        runInput: meta.input,
+        turn,
+        signal,
+      }),
     );
     if (outcome.kind === 'failed' && outcome.error.code === 'tool_call_busy') {
       return { retryAfterMs: Math.max(50, outcome.error.retryAfterMs ?? 1000) };
@@ -304,6 +334,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       // A failed turn commits nothing of itself: the step fails (or is retried) where it stood.
       const applied = await core.host.apply(runId, failed(stepId, attempt, outcome.error), env);
       await core.enqueueDue(runId, applied.envelope.snapshot);
+      await afterCommit(runId, meta, applied.transition.status);
       return 'failed';
     }
     const { messages, fingerprint, final } = outcome.turn;
@@ -339,6 +370,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     if (applied.committed) histories.committed(runId, stepId, cursor, messages);
     debugPoint(DebugPoint.afterCommit, `${stepId}:${turn}`);
     await core.enqueueDue(runId, applied.envelope.snapshot);
+    await afterCommit(runId, meta, applied.transition.status);
     return final !== null ? 'succeeded' : 'turn';
   }
 

@@ -236,6 +236,7 @@ describe('plan and Pipeline', () => {
           input: 'q',
           mode: 'granular',
           ...loopDefaults,
+          degradedReplay: false,
           dependsOn: [],
           effects: [],
           policyTags: [],

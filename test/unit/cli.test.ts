@@ -3,6 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { main } from '../../src/cli/main.js';
+import { createCliLogger } from '../../src/cli/log.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'flujo-cli-'));
 function file(name: string, text: string): string {
@@ -93,5 +94,19 @@ describe('flujo validate', () => {
   it('prints help and the version', async () => {
     expect((await capture(['--help'])).out).toContain('flujo validate <plan.json>');
     expect((await capture(['--version'])).out).toMatch(/^\d+\.\d+\.\d+$/);
+  });
+});
+
+describe('the command log', () => {
+  it('writes readable lines from warn up, or from FLUJO_LOG_LEVEL', () => {
+    const lines: string[] = [];
+    const log = createCliLogger((l) => lines.push(l), {});
+    log.info({ a: 1 }, 'quiet');
+    log.warn({ model: 'x', n: 2 }, 'heads up');
+    log.error({}, 'broken');
+    expect(lines).toEqual(['flujo: warning: heads up (model=x n=2)\n', 'flujo: error: broken\n']);
+    const chatty = createCliLogger((l) => lines.push(l), { FLUJO_LOG_LEVEL: 'debug' });
+    chatty.debug({ k: [1] }, 'detail');
+    expect(lines.at(-1)).toBe('flujo: debug: detail (k=[1])\n');
   });
 });

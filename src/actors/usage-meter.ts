@@ -1,0 +1,266 @@
+/**
+ * Usage accounting around each model call (DESIGN §6, seed 000 §6): estimate the request, reserve
+ * the estimate against the run's budget and the tenant's quota, mark the reservation sent right
+ * before the request goes out, and reconcile it exactly once in a single `finally`:
+ * - a reply came: the provider's usage (estimated from the reply only if the provider gave none);
+ * - the provider answered with an error status: nothing was generated, nothing is charged;
+ * - the request was sent and no answer came (timeout, dropped connection): the baseline input
+ *   estimate, never refunded;
+ * - nothing was sent: nothing.
+ * A worker that dies mid-call leaves its reservation open; the step's next reservation finds it
+ * (the store says others were open) and settles it: with the journaled reply's usage when that
+ * reply was this reservation's, else as above.
+ */
+import { randomUUID } from 'node:crypto';
+import {
+  BudgetExceededError,
+  UsageLimitExceededError,
+  isFlujoError,
+  type ModelError,
+} from '../errors.js';
+import type { AgentDefinition } from '../agents/define-agent.js';
+import { toolParametersSchema } from '../agents/tool-schema.js';
+import type { Logger } from '../logging.js';
+import type { ChatMessage, ModelReply } from '../llm/messages.js';
+import { costMicroUsd, resolvePrice, type ModelPrice, type PricingTable } from '../llm/pricing.js';
+import { estimateRequest, type TokenCounter } from '../llm/tokens.js';
+import {
+  othersOpen,
+  type QuotaStore,
+  type ReconcileOutcome,
+  type Reservation,
+} from '../persistence/quota-store.js';
+
+/** Limits of one run, from its plan's budgets. */
+export interface RunUsageBudget {
+  maxTokens?: number;
+  maxCostUsd?: number;
+}
+
+/** Where a model call happens. */
+export interface MeteredCall {
+  agent: AgentDefinition;
+  tenantId: string;
+  runId: string;
+  stepId: string;
+  /** The turn the call is for (0-based). */
+  turn: number;
+  /** The conversation as sent, after the system prompt. */
+  messages: readonly ChatMessage[];
+  budget: RunUsageBudget | undefined;
+}
+
+/** A reply with the id of the reservation it was charged to. */
+export type MeteredReply = ModelReply & { reservationId: string };
+
+/** Options of {@link createUsageMeter}. */
+export interface UsageMeterOptions {
+  quota: QuotaStore;
+  /** Prices per model. @defaultValue no prices (calls cost 0 unless `strict`) */
+  pricing?: PricingTable;
+  /** A model without a price is refused before any request. @defaultValue false */
+  strictPricing?: boolean;
+  /** The output buffer reserved when the agent sets no `maxTokens`. @defaultValue 1024 */
+  defaultOutputTokens?: number;
+  log: Logger;
+  /** The token counter of a model. */
+  counterFor: (model: string) => TokenCounter;
+}
+
+/** Reserves, marks sent and reconciles around model calls. */
+export interface UsageMeter {
+  /**
+   * Runs `send` under a reservation for the call. Throws `PricingNotConfiguredError` (strict
+   * pricing, no price) or `UsageLimitExceededError` (tenant quota) or `BudgetExceededError` (the
+   * run's `maxTokens` / `maxCostUsd`) before anything is sent.
+   */
+  call(
+    call: MeteredCall,
+    send: (onSend: () => Promise<void>) => Promise<ModelReply>,
+  ): Promise<MeteredReply>;
+  /**
+   * Settles every open reservation of the step but `keep`: what a worker that died left behind.
+   * `journaled(turn)` gives the reply journaled for a turn, if any.
+   */
+  settle(
+    where: { tenantId: string; runId: string; stepId?: string; agent?: AgentDefinition },
+    journaled: (r: Reservation) => Promise<ModelReply | null>,
+    keep?: string,
+  ): Promise<void>;
+}
+
+/** Creates a {@link UsageMeter}. */
+export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
+  const { quota, log } = options;
+  const pricing = options.pricing ?? { models: {} };
+  const strict = options.strictPricing ?? false;
+  const defaultOutputTokens = options.defaultOutputTokens ?? 1024;
+  const { counterFor } = options;
+  const toolsJson = new WeakMap<AgentDefinition, string>();
+
+  const toolsOf = (agent: AgentDefinition): string => {
+    let json = toolsJson.get(agent);
+    if (json === undefined) {
+      json = agent.tools.length === 0 ? '' : JSON.stringify(agent.tools.map(toolParametersSchema));
+      toolsJson.set(agent, json);
+    }
+    return json;
+  };
+
+  /** What a reply is charged: the provider's figures, or (when it gave none) an estimate. */
+  const charge = (
+    agent: AgentDefinition,
+    price: ModelPrice | null,
+    reply: ModelReply,
+    inputEstimate: number,
+  ): ReconcileOutcome => {
+    const inputTokens = reply.usage?.promptTokens ?? inputEstimate;
+    const outputTokens =
+      reply.usage?.completionTokens ?? counterFor(agent.model).countMessage(reply.message);
+    const microUsd = price === null ? 0 : costMicroUsd(price, { inputTokens, outputTokens });
+    return { kind: 'usage', inputTokens, outputTokens, microUsd };
+  };
+
+  async function settle(
+    where: { tenantId: string; runId: string; stepId?: string; agent?: AgentDefinition },
+    journaled: (r: Reservation) => Promise<ModelReply | null>,
+    keep?: string,
+  ): Promise<void> {
+    const open = await quota.open(where.tenantId, where.runId);
+    for (const r of open) {
+      if (r.id === keep || (where.stepId !== undefined && r.stepId !== where.stepId)) continue;
+      const reply = await journaled(r);
+      let outcome: ReconcileOutcome;
+      if (reply !== null && (reply as Partial<MeteredReply>).reservationId === r.id) {
+        const price =
+          where.agent === undefined
+            ? null
+            : resolvePrice(pricing, where.agent.model, { strict: false });
+        outcome =
+          where.agent === undefined
+            ? {
+                kind: 'usage',
+                inputTokens: reply.usage?.promptTokens ?? r.estimate.inputTokens,
+                outputTokens: reply.usage?.completionTokens ?? 0,
+                microUsd: 0,
+              }
+            : charge(where.agent, price, reply, r.estimate.inputTokens);
+      } else {
+        // Sent and never answered (or its answer was lost with the worker): the baseline.
+        outcome = r.state === 'sent' ? { kind: 'baseline' } : { kind: 'none' };
+      }
+      const { applied } = await quota.reconcile(
+        where.tenantId,
+        r.id,
+        outcome,
+        undefined,
+        where.runId,
+      );
+      if (applied) {
+        log.info(
+          {
+            runId: where.runId,
+            stepId: r.stepId,
+            turn: r.turn,
+            reservationId: r.id,
+            outcome: outcome.kind,
+          },
+          'settled a usage reservation left open by a worker that stopped mid-call',
+        );
+      }
+    }
+  }
+
+  return {
+    settle,
+
+    async call(call, send) {
+      const { agent, tenantId, runId, stepId, turn } = call;
+      const price = resolvePrice(pricing, agent.model, { strict });
+      const estimate = estimateRequest({
+        counter: counterFor(agent.model),
+        systemPrompt: agent.systemPrompt,
+        messages: call.messages,
+        toolsJson: toolsOf(agent),
+        ...(agent.settings.maxTokens === undefined
+          ? {}
+          : { maxOutputTokens: agent.settings.maxTokens }),
+        defaultOutputTokens,
+      });
+      const microUsd = price === null ? 0 : costMicroUsd(price, estimate);
+      const baselineMicroUsd =
+        price === null
+          ? 0
+          : costMicroUsd(price, { inputTokens: estimate.inputTokens, outputTokens: 0 });
+      const limits = call.budget;
+      let reservation: Reservation;
+      try {
+        reservation = await quota.reserve({
+          reservationId: `${stepId}:${turn}:${randomUUID()}`,
+          tenantId,
+          runId,
+          stepId,
+          turn,
+          estimate: { ...estimate, microUsd, baselineMicroUsd },
+          runLimits: {
+            ...(limits?.maxTokens === undefined ? {} : { maxTokens: limits.maxTokens }),
+            ...(limits?.maxCostUsd === undefined
+              ? {}
+              : { maxMicroUsd: Math.floor(limits.maxCostUsd * 1_000_000) }),
+          },
+        });
+      } catch (error) {
+        if (error instanceof UsageLimitExceededError && error.info.scope === 'run') {
+          // The run's own budget: the run stops with budget_exceeded, like its other budgets.
+          const { limit: budget, limitValue, used: spent, reserved, requested } = error.info;
+          const limit = budget === 'maxTokens' ? limitValue : limitValue / 1_000_000;
+          const used = spent + reserved + requested;
+          throw new BudgetExceededError(
+            budget,
+            limit,
+            budget === 'maxTokens' ? used : used / 1_000_000,
+            { cause: error },
+          );
+        }
+        throw error;
+      }
+      if (othersOpen(reservation) > 0) {
+        await settle(
+          { tenantId, runId, stepId, agent },
+          () => Promise.resolve(null),
+          reservation.id,
+        );
+      }
+      let sent = false;
+      let reply: ModelReply | undefined;
+      let failure: unknown;
+      try {
+        reply = await send(async () => {
+          await quota.markSent(tenantId, reservation.id);
+          sent = true;
+        });
+        return { ...reply, reservationId: reservation.id };
+      } catch (error) {
+        failure = error;
+        throw error;
+      } finally {
+        let outcome: ReconcileOutcome;
+        if (reply !== undefined) outcome = charge(agent, price, reply, estimate.inputTokens);
+        else if (!sent) outcome = { kind: 'none' };
+        else if (answeredWithError(failure)) {
+          outcome = { kind: 'usage', inputTokens: 0, outputTokens: 0, microUsd: 0 };
+        } else outcome = { kind: 'baseline' };
+        await quota.reconcile(tenantId, reservation.id, outcome, undefined, runId);
+      }
+    },
+  };
+}
+
+/** True when the provider answered with an error status: it generated nothing. */
+function answeredWithError(error: unknown): boolean {
+  return (
+    isFlujoError(error) &&
+    error.code === 'model_error' &&
+    typeof (error as ModelError).status === 'number'
+  );
+}

@@ -1,0 +1,392 @@
+/**
+ * Usage accounting, blobs and truncation of agent steps (DESIGN §6, §7; seed 000 §6, §8, §11), on
+ * the scripted model server and a real Redis: what is reserved and charged per model call, what
+ * the model is sent, and what the history keeps.
+ */
+import { randomUUID } from 'node:crypto';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import {
+  createRuntime,
+  defineAgent,
+  defineTool,
+  type AgentDefinition,
+  type FlujoWorker,
+  type PlanInput,
+  type Runtime,
+  type RuntimeOptions,
+} from '../../src/index.js';
+import type { Logger } from '../../src/logging.js';
+import { startScriptedModelServer, type ScriptedModelServer } from '../../src/testing/index.js';
+import { JobName } from '../../src/worker/jobs.js';
+import { connect, deletePrefix, redisUrl } from '../helpers/redis.js';
+
+let model: ScriptedModelServer;
+let runtime: Runtime;
+let worker: FlujoWorker;
+let prefix: string;
+let warnings: string[];
+
+const logger: Logger = {
+  debug: () => {},
+  info: () => {},
+  warn: (_fields, message) => warnings.push(message),
+  error: () => {},
+};
+
+const search = defineTool({
+  name: 'search',
+  input: z.object({ q: z.string(), bytes: z.number().optional() }),
+  class: 'read_only',
+  // Varied words, so the tokenizer cannot fold the text into a few long tokens.
+  run: ({ q, bytes }) => ({ q, text: words(bytes ?? 10) }),
+});
+function words(bytes: number): string {
+  let text = '';
+  for (let i = 0; text.length < bytes; i++) text += `w${(i * 7919) % 1000} `;
+  return text.slice(0, bytes);
+}
+
+const fetchPage = defineTool({
+  name: 'fetch_page',
+  input: z.object({ url: z.string() }),
+  idempotent: true,
+  run: ({ url }) => ({ url, body: `<p>${'y'.repeat(30_000)}</p>` }),
+});
+
+const agentWith = (over: Partial<Parameters<typeof defineAgent>[0]> = {}): AgentDefinition =>
+  defineAgent({
+    name: 'researcher',
+    model: 'gpt-4o-mini',
+    provider: { baseURL: model.url, apiKey: 'test-key' },
+    systemPrompt: 'Research, then answer.',
+    tools: [search, fetchPage],
+    settings: { maxTokens: 200 },
+    timeoutMs: 2000,
+    ...over,
+  });
+
+const plan = (step: Record<string, unknown> = {}, budgets?: object): PlanInput => ({
+  name: 'usage',
+  ...(budgets === undefined ? {} : { budgets }),
+  steps: [
+    {
+      id: 'research',
+      kind: 'agent',
+      agent: 'researcher',
+      mode: 'granular',
+      retry: { maxAttempts: 3, initialDelayMs: 20, maxDelayMs: 100, jitter: 0 },
+      ...step,
+    },
+  ],
+});
+
+const pricing = { models: { 'gpt-4o-mini': { inputPerMillion: 0.15, outputPerMillion: 0.6 } } };
+
+async function start(agent: AgentDefinition, options: Partial<RuntimeOptions> = {}): Promise<void> {
+  runtime = createRuntime({ redis: redisUrl(), prefix, logger, pricing, ...options }).agent(agent);
+  worker = runtime.createWorker({ concurrency: 2, recoveryMs: 1000 });
+  await worker.ready();
+}
+
+beforeAll(async () => {
+  model = await startScriptedModelServer();
+});
+afterAll(async () => {
+  await model.close();
+});
+beforeEach(() => {
+  model.reset();
+  warnings = [];
+  prefix = `t-${randomUUID().slice(0, 8)}`;
+});
+afterEach(async () => {
+  await worker.close();
+  await runtime.close();
+  const redis = connect();
+  await deletePrefix(redis, prefix);
+  await deletePrefix(redis, `{${prefix}:q}`);
+  redis.disconnect();
+});
+
+describe('usage of agent steps', () => {
+  it('reserves before each call and reconciles once with the provider usage, priced', async () => {
+    await start(agentWith());
+    model.enqueue(
+      {
+        toolCalls: [{ id: 'c1', name: 'search', arguments: { q: 'a' } }],
+        usage: { prompt_tokens: 120, completion_tokens: 15 },
+      },
+      { text: 'Done.', usage: { prompt_tokens: 180, completion_tokens: 5 } },
+    );
+    const run = await runtime.start(plan(), 'Go.');
+    expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
+    const usage = await runtime.usage(run.runId);
+    expect(usage.reservations.map((r) => [r.turn, r.state, r.outcome, r.charged?.tokens])).toEqual([
+      [0, 'reconciled', 'usage', 135],
+      [1, 'reconciled', 'usage', 185],
+    ]);
+    // The estimate reserved the maximum reply (settings.maxTokens) beside the counted input.
+    expect(usage.reservations.every((r) => r.estimate.outputTokens === 200)).toBe(true);
+    expect(usage.reservations[0]!.estimate.inputTokens).toBeGreaterThan(20);
+    // 300 input tokens at 0.15 per million, 20 output at 0.6: 45 + 12 micro-USD, rounded up per call.
+    expect(usage.reservations.map((r) => r.charged?.microUsd)).toEqual([
+      Math.ceil(120 * 0.15 + 15 * 0.6),
+      Math.ceil(180 * 0.15 + 5 * 0.6),
+    ]);
+    expect(usage.totals).toMatchObject({
+      reservedTokens: 0,
+      reservedMicroUsd: 0,
+      spentTokens: 320,
+      spentMicroUsd: 57,
+    });
+    // The journal knows which reservation each reply was charged to.
+    const reply = await runtime.core.journal.get(run.runId, 'research', 0);
+    expect(reply?.reservationId).toBe(usage.reservations[0]!.id);
+  });
+
+  it('charges the baseline input when the request was sent and no reply came (a timeout)', async () => {
+    await start(agentWith({ timeoutMs: 300 }));
+    model.enqueue(
+      { fault: 'hang' },
+      { text: 'Done.', usage: { prompt_tokens: 50, completion_tokens: 4 } },
+    );
+    const run = await runtime.start(plan(), 'Go.');
+    expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
+    const [timedOut, answered] = (await runtime.usage(run.runId)).reservations;
+    expect(timedOut).toMatchObject({ state: 'reconciled', outcome: 'baseline' });
+    expect(timedOut!.sentAt).not.toBeNull();
+    // No refund: exactly the input estimate, never the output buffer.
+    expect(timedOut!.charged).toEqual({
+      inputTokens: timedOut!.estimate.inputTokens,
+      outputTokens: 0,
+      tokens: timedOut!.estimate.inputTokens,
+      microUsd: timedOut!.estimate.baselineMicroUsd,
+    });
+    expect(answered!.charged?.tokens).toBe(54);
+  });
+
+  it('an error answer (429) charges nothing; a call never sent charges nothing', async () => {
+    await start(agentWith());
+    model.enqueue({ fault: 'status', status: 429, retryAfter: 0 }, { text: 'Done.' });
+    const run = await runtime.start(plan(), 'Go.');
+    expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
+    const [rejected] = (await runtime.usage(run.runId)).reservations;
+    expect(rejected).toMatchObject({ outcome: 'usage', charged: { tokens: 0, microUsd: 0 } });
+  });
+
+  it('the turn-skip path reserves and reconciles nothing', async () => {
+    await start(agentWith());
+    let release!: () => void;
+    const held = new Promise<void>((ok) => (release = ok));
+    const slow = defineTool({
+      name: 'slow',
+      input: z.object({}),
+      class: 'read_only',
+      run: async () => {
+        await held;
+        return 'ok';
+      },
+    });
+    await worker.close();
+    await runtime.close();
+    await start(agentWith({ tools: [search, slow] }));
+    model.enqueue(
+      { toolCalls: [{ id: 'c1', name: 'search', arguments: { q: 'x' } }] },
+      { toolCalls: [{ id: 'c2', name: 'slow', arguments: {} }] },
+      { text: 'Done.' },
+    );
+    const run = await runtime.start(plan(), 'Go.');
+    for (let i = 0; i < 200 && model.requestCount < 2; i++)
+      await new Promise((r) => setTimeout(r, 10));
+    const before = (await runtime.usage(run.runId)).reservations;
+    expect(before).toHaveLength(2);
+    const job = await runtime.core.queue.add(
+      JobName.turn,
+      { runId: run.runId, stepId: 'research', attempt: 1, turn: 0 },
+      { jobId: `redo-${randomUUID()}` },
+    );
+    for (let i = 0; i < 200 && !(await job.isCompleted()); i++)
+      await new Promise((r) => setTimeout(r, 10));
+    expect((await runtime.core.queue.getJob(job.id!))?.returnvalue).toBe('turn-committed');
+    expect((await runtime.usage(run.runId)).reservations).toEqual(before);
+    release();
+    expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
+    expect((await runtime.usage(run.runId)).reservations).toHaveLength(3);
+  });
+
+  it('strict pricing refuses an unpriced model before any request', async () => {
+    await start(agentWith({ model: 'gpt-unpriced' }), { strictPricing: true });
+    model.enqueue({ text: 'never asked' });
+    const run = await runtime.start(plan(), 'Go.');
+    const done = await run.settled({ timeoutMs: 10_000 });
+    expect(done.status).toBe('failed');
+    expect(done.summary.reason).toBe('pricing_not_configured');
+    expect(done.steps[0]!.error?.message).toContain('pricing.models["gpt-unpriced"]');
+    expect(model.requestCount).toBe(0);
+    expect((await runtime.usage(run.runId)).reservations).toEqual([]);
+  });
+
+  it('maxTokens and maxCostUsd budgets stop the run with budget_exceeded before the call', async () => {
+    await start(agentWith());
+    model.enqueue(
+      {
+        toolCalls: [{ id: 'c1', name: 'search', arguments: { q: 'a' } }],
+        usage: { prompt_tokens: 300, completion_tokens: 10 },
+      },
+      { text: 'never sent' },
+    );
+    // Turn 0 reserves its estimate and spends 310; turn 1 would need 310 + its estimate.
+    const run = await runtime.start(plan({}, { maxTokens: 500 }), 'Go.');
+    const done = await run.settled({ timeoutMs: 10_000 });
+    expect(done.status).toBe('failed');
+    expect(done.summary.reason).toBe('budget_exceeded');
+    expect(done.summary.detail).toMatchObject({ budget: 'maxTokens', limit: 500 });
+    expect(model.requestCount).toBe(1);
+    expect((await runtime.usage(run.runId)).totals).toMatchObject({
+      spentTokens: 310,
+      reservedTokens: 0,
+    });
+
+    model.reset();
+    model.enqueue({ text: 'never sent' });
+    const costly = await runtime.start(plan({}, { maxCostUsd: 0.00001 }), 'Go.');
+    const stopped = await costly.settled({ timeoutMs: 10_000 });
+    expect(stopped.summary.reason).toBe('budget_exceeded');
+    expect(stopped.summary.detail).toMatchObject({ budget: 'maxCostUsd', limit: 0.00001 });
+    expect(model.requestCount).toBe(0);
+  });
+
+  it("a tenant's quota refuses a call with UsageLimitExceededError and sends nothing", async () => {
+    await start(agentWith());
+    expect(await runtime.setTenantQuota('default', { maxTokens: 100 })).toEqual({
+      maxTokens: 100,
+      maxCostUsd: null,
+    });
+    model.enqueue({ text: 'never sent' });
+    const run = await runtime.start(plan(), 'Go.');
+    const done = await run.settled({ timeoutMs: 10_000 });
+    expect(done.status).toBe('failed');
+    expect(done.summary.reason).toBe('usage_limit_exceeded');
+    expect(done.steps[0]!.error?.message).toMatch(
+      /Tenant "default" .* would exceed its quota maxTokens/,
+    );
+    expect(model.requestCount).toBe(0);
+  });
+});
+
+describe('blobs and truncation', () => {
+  it('a tool result over the threshold is stored once as a blob and put back for the model', async () => {
+    await start(agentWith());
+    model.enqueue(
+      { toolCalls: [{ id: 'c1', name: 'search', arguments: { q: 'big', bytes: 50_000 } }] },
+      { text: 'Done.' },
+    );
+    const run = await runtime.start(plan(), 'Go.');
+    expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
+    const history = await runtime.core.history.read(run.runId, 'research');
+    const stored = history[2]!.content!;
+    expect(stored).toMatch(/^<<FL_BLOB_REF:[0-9a-f]{64}:size=50\d{3}>>$/);
+    // The model saw the whole result.
+    const sent = model.requests[1]!.messages.find((m) => m.role === 'tool');
+    expect(sent?.content).toBe(JSON.stringify({ q: 'big', text: words(50_000) }));
+    expect(await runtime.core.redis.hget(runtime.core.keys.blobs(run.runId), 'count')).toBe('1');
+  });
+
+  it('a missing blob fails fast, naming the blob and the step; degraded replay uses a marker', async () => {
+    for (const degraded of [false, true]) {
+      if (degraded) {
+        await worker.close();
+        await runtime.close();
+        model.reset();
+        warnings = [];
+      }
+      let release!: () => void;
+      const held = new Promise<void>((ok) => (release = ok));
+      const wait = defineTool({
+        name: 'wait',
+        input: z.object({}),
+        class: 'read_only',
+        run: async () => {
+          await held;
+          return 'ok';
+        },
+      });
+      // No blob cache: the next turn reads the blob back from Redis, as a fresh worker would.
+      await start(agentWith({ tools: [fetchPage, wait] }), { blobs: { cacheBytes: 0 } });
+      model.enqueue(
+        { toolCalls: [{ id: 'c1', name: 'fetch_page', arguments: { url: 'https://a.example' } }] },
+        { toolCalls: [{ id: 'c2', name: 'wait', arguments: {} }] },
+        { text: 'Done.' },
+      );
+      const run = await runtime.start(plan({ degradedReplay: degraded }), 'Go.');
+      for (let i = 0; i < 200 && model.requestCount < 2; i++)
+        await new Promise((r) => setTimeout(r, 10));
+      // The retention elapsed: the blob is gone before the next turn reads it back.
+      const blobKeys = await runtime.core.redis.keys(`${prefix}:{${run.runId}}:blob:*`);
+      expect(blobKeys).toHaveLength(1);
+      await runtime.core.redis.del(...blobKeys);
+      release();
+      const done = await run.settled({ timeoutMs: 10_000 });
+      if (!degraded) {
+        expect(done.status).toBe('failed');
+        expect(done.summary.reason).toBe('blob_missing');
+        expect(done.steps[0]!.error?.message).toMatch(
+          /Blob [0-9a-f]{64} needed by step "research"/,
+        );
+        expect(model.requestCount).toBe(2);
+      } else {
+        expect(done.status).toBe('succeeded');
+        const sent = model.requests[2]!.messages.find((m) => m.role === 'tool');
+        expect(sent?.content).toMatch(
+          /^\[blob [0-9a-f]{64} \(\d+ bytes\) is no longer available\]$/,
+        );
+        expect(warnings).toContain(
+          'a blob of the history is missing: replaying with a marker in its place (degraded replay)',
+        );
+      }
+    }
+  });
+
+  it('truncates middle-out what the model is sent: exact head, placeholder and tail; the history keeps all', async () => {
+    await start(agentWith({ systemPrompt: '' }));
+    const turns = 6;
+    for (let t = 0; t < turns; t++) {
+      model.enqueue({
+        toolCalls: [{ id: `c${t}`, name: 'search', arguments: { q: `q${t}`, bytes: 400 } }],
+      });
+    }
+    model.enqueue({ text: 'Done.' });
+    const run = await runtime.start(plan({ historyMaxTokens: 500 }), 'The first question.');
+    expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
+    const history = await runtime.core.history.read(run.runId, 'research');
+    expect(history).toHaveLength(1 + 2 * turns + 1);
+    const last = model.requests.at(-1)!.messages;
+    expect(last[0]).toEqual({ role: 'user', content: 'The first question.' });
+    const placeholder = last[1]!;
+    expect(placeholder.role).toBe('system');
+    const omitted = Number(
+      /^\.\.\. \[Context Truncated: (\d+) messages omitted\] \.\.\.$/.exec(
+        String(placeholder.content),
+      )![1],
+    );
+    // Head (1) + omitted + tail = everything before the last request.
+    const tail = last.slice(2);
+    expect(1 + omitted + tail.length).toBe(1 + 2 * turns);
+    expect(omitted).toBeGreaterThan(0);
+    expect(tail.length % 2).toBe(0);
+    // The tail is the newest messages, each tool call with its result, exactly as stored.
+    expect(tail[0]!.role).toBe('assistant');
+    const shape = (m: object): string => {
+      const { role, content, tool_calls } = m as {
+        role: string;
+        content: unknown;
+        tool_calls?: { id: string }[];
+      };
+      return `${role}:${tool_calls?.map((c) => c.id).join(',') ?? String(content)}`;
+    };
+    expect(tail.map(shape)).toEqual(
+      history.slice(history.length - 1 - tail.length, history.length - 1).map(shape),
+    );
+  });
+});
