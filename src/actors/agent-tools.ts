@@ -37,8 +37,8 @@ export function turnCallId(
 export interface ToolRunDeps {
   ledger: Ledger;
   leaseMs: number;
-  /** Called before each tool call that will really run (budgets). */
-  beforeToolRun: () => Promise<void>;
+  /** Called before each tool call that will really run (budgets). @defaultValue none */
+  beforeToolRun?: () => Promise<void>;
   /** Turns a tool result into what the history keeps (e.g. a blob reference for a large one). */
   storeResult?: (content: string) => Promise<string>;
 }
@@ -155,7 +155,7 @@ export async function runToolCalls(
       leaseMs: deps.leaseMs,
       ...(context.mode === 'granular' ? { callId: turnCallId(runId, stepId, turn, call.id) } : {}),
       checkArgs: (parsed) => checkTurnKey(tool, parsed, key, context),
-      beforeRun: deps.beforeToolRun,
+      ...(deps.beforeToolRun === undefined ? {} : { beforeRun: deps.beforeToolRun }),
     });
     const content = JSON.stringify(result.receipt);
     messages.push({

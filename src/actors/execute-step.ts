@@ -9,7 +9,7 @@ import { canonicalHash } from '../internal/canonical-hash.js';
 import { findNonJson, type JsonValue } from '../internal/json.js';
 import type { StepState } from '../machines/kernel.js';
 import type { AgentStep, PlanStep } from '../plan/schema.js';
-import type { ChatMessage } from '../llm/messages.js';
+import type { ChatMessage, ModelReply } from '../llm/messages.js';
 import type { FingerprintStore } from '../persistence/fingerprint-store.js';
 import type { ModelJournal } from '../persistence/model-journal.js';
 import type { Ledger } from '../persistence/ledger.js';
@@ -87,7 +87,9 @@ function loopDeps(
     ledger: deps.ledger,
     leaseMs: deps.leaseMs,
     clientFor: deps.clientFor,
-    beforeToolRun: () => countToolCall(deps, where.runId),
+    ...(deps.maxToolCalls === undefined
+      ? {}
+      : { beforeToolRun: () => countToolCall(deps, where.runId) }),
     ...chunkSink(deps, where),
     ...(deps.meter === undefined ? {} : { meter: deps.meter }),
     ...(deps.context === undefined ? {} : { context: deps.context }),
@@ -170,6 +172,7 @@ export async function executeTurn(
     runInput: JsonValue;
     turn: number;
     signal: AbortSignal;
+    journaled?: Promise<ModelReply | null>;
   },
 ): Promise<TurnOutcome> {
   const { step, state, runId, tenantId, signal } = args;
@@ -198,6 +201,7 @@ export async function executeTurn(
         cursor: state.agent?.cursor ?? 0,
         fingerprint: state.agent?.fingerprint ?? null,
         ...(deps.budget === undefined ? {} : { budget: deps.budget }),
+        ...(args.journaled === undefined ? {} : { journaled: args.journaled }),
       },
     );
     return { kind: 'turn', turn };
@@ -338,7 +342,9 @@ function stepTools(
         ctx,
         leaseMs: deps.leaseMs,
         // Only calls that will really run count; a replayed receipt is free.
-        beforeRun: () => countToolCall(deps, ctx.runId),
+        ...(deps.maxToolCalls === undefined
+          ? {}
+          : { beforeRun: () => countToolCall(deps, ctx.runId) }),
       });
       return result.receipt as T;
     },

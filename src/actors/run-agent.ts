@@ -151,6 +151,29 @@ export function stepFingerprint(
   step: AgentStep,
   input: JsonValue,
 ): AgentFingerprint {
+  let known = fingerprints.get(step);
+  const hit = known?.find((k) => k.agent === agent && k.input === input);
+  if (hit !== undefined) return hit.fp;
+  const fp = computeFingerprint(agent, step, input);
+  if (known === undefined) fingerprints.set(step, (known = []));
+  // A handful per step at most (runs of one plan share its parsed steps); keep the newest.
+  if (known.length >= 64) known.shift();
+  known.push({ agent, input, fp });
+  return fp;
+}
+
+// The fingerprint of a step is asked for on every turn; within a process an agent definition is
+// frozen, and a run's step and input are the same objects from turn to turn.
+const fingerprints = new WeakMap<
+  AgentStep,
+  { agent: AgentDefinition; input: JsonValue; fp: AgentFingerprint }[]
+>();
+
+function computeFingerprint(
+  agent: AgentDefinition,
+  step: AgentStep,
+  input: JsonValue,
+): AgentFingerprint {
   return agentFingerprint({
     input,
     systemPrompt: agent.systemPrompt,
@@ -183,6 +206,8 @@ export interface TurnArgs extends AgentStepArgs {
   cursor: number;
   /** The fingerprint hash the first turn stored, or null before the first commit. */
   fingerprint: string | null;
+  /** The turn's journaled reply, when the caller already asked for it. @defaultValue read here */
+  journaled?: Promise<ModelReply | null>;
 }
 
 /** What a granular turn came to; the caller commits it. */
@@ -219,7 +244,7 @@ export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResu
 
   const history = cursor === 0 ? [] : await deps.readHistory(runId, step.id, cursor);
   const added: ChatMessage[] = turn === 0 ? [userMessage(args.input)] : [];
-  let reply = await deps.journal.get(runId, step.id, turn);
+  let reply = await (args.journaled ?? deps.journal.get(runId, step.id, turn));
   if (reply === null) {
     const fresh = await askModel(deps, args, turn, [...history, ...added]);
     debugPoint(DebugPoint.afterModelReply, `${step.id}:${turn}`);

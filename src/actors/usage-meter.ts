@@ -232,12 +232,17 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
         );
       }
       let sent = false;
+      // The mark goes out on the Redis connection as the request goes out on HTTP, without
+      // waiting for it (a written command reaches Redis even if this process dies next); the
+      // reconcile below follows it on the same connection, so Redis applies them in order.
+      let marked: Promise<unknown> = Promise.resolve();
       let reply: ModelReply | undefined;
       let failure: unknown;
       try {
-        reply = await send(async () => {
-          await quota.markSent(tenantId, reservation.id);
+        reply = await send(() => {
           sent = true;
+          marked = quota.markSent(tenantId, reservation.id).catch((error: unknown) => error);
+          return Promise.resolve();
         });
         return { ...reply, reservationId: reservation.id };
       } catch (error) {
@@ -250,6 +255,12 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
         else if (answeredWithError(failure)) {
           outcome = { kind: 'usage', inputTokens: 0, outputTokens: 0, microUsd: 0 };
         } else outcome = { kind: 'baseline' };
+        const markError = await marked;
+        if (markError instanceof Error && reply === undefined)
+          log.warn(
+            { runId, stepId, turn, error: markError.message },
+            'could not mark a usage reservation sent',
+          );
         await quota.reconcile(tenantId, reservation.id, outcome, undefined, runId);
       }
     },

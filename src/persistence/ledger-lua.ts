@@ -9,7 +9,7 @@
  */
 
 /** Bump when a script changes meaning, so clients never mix versions under one command name. */
-export const LEDGER_SCRIPT_VERSION = 1;
+export const LEDGER_SCRIPT_VERSION = 2;
 
 const PRELUDE = `
 local function now_ms(arg)
@@ -97,6 +97,52 @@ return reply('running', save(e, now), now)
 `;
 
 /*
+ * begin: prepare and markRunning in one step, for a call with nothing to check in between (no
+ * budget to count it against): creates the entry or checks it is the same call, then takes the
+ * lease exactly as markRunning does.
+ *   KEYS[1]  the ledger hash        ARGV[1] call id
+ *   ARGV[2]  the new entry (JSON), stored only when the field is absent
+ *   ARGV[3]  tool identity          ARGV[4] args hash      ARGV[5] lease ms
+ *   ARGV[6]  '1' when an in-doubt call may be re-run, else '0'      ARGV[7] now in ms, '' = Redis clock
+ *   Returns  'mismatch' (another tool or other args; unchanged) | what markRunning returns
+ */
+const BEGIN = `
+local now = now_ms(ARGV[7])
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+local e
+if raw then
+  e = cjson.decode(raw)
+  if e.tool ~= ARGV[3] or e.argsHash ~= ARGV[4] then return reply('mismatch', raw, now) end
+else
+  e = cjson.decode(ARGV[2])
+  e.seq = redis.call('HLEN', KEYS[1]) + 1
+  e.createdAt = now
+end
+local rerun = ARGV[6] == '1'
+if e.state == 'SUCCEEDED' then return reply('succeeded', raw, now) end
+if e.state == 'RUNNING' then
+  if not expired(e, now) then return reply('busy', raw, now) end
+  if not rerun then
+    e.state = 'IN_DOUBT'
+    e.leaseUntil = cjson.null
+    return reply('in_doubt', save(e, now), now)
+  end
+elseif e.state == 'IN_DOUBT' then
+  if not rerun then return reply('in_doubt', raw, now) end
+elseif e.state == 'FAILED' then
+  local ok, err = pcall(cjson.decode, e.error)
+  if not (ok and type(err) == 'table' and err.retryable == true) then
+    return reply('failed', raw, now)
+  end
+end
+e.state = 'RUNNING'
+e.runs = e.runs + 1
+e.leaseUntil = now + tonumber(ARGV[5])
+e.error = cjson.null
+return reply('running', save(e, now), now)
+`;
+
+/*
  * renewLease: extends the lease of the caller's own run of the tool.
  *   KEYS[1]  the ledger hash   ARGV[1] call id   ARGV[2] lease ms   ARGV[3] the caller's run number
  *   ARGV[4]  now in ms, '' = Redis clock
@@ -169,6 +215,7 @@ return reply('applied', save(e, now), now)
 export const LEDGER_SCRIPTS = {
   prepare: PRELUDE + PREPARE,
   markRunning: PRELUDE + MARK_RUNNING,
+  begin: PRELUDE + BEGIN,
   renewLease: PRELUDE + RENEW,
   finish: PRELUDE + FINISH,
   resolve: PRELUDE + RESOLVE,

@@ -121,6 +121,12 @@ export interface Ledger {
     leaseMs: number,
     options?: MarkRunningOptions,
   ): Promise<LedgerEntry>;
+  /**
+   * `prepare` then `markRunning` in one atomic step, for a call with nothing to check between
+   * them. Returns the entry as RUNNING (you own run number `entry.runs`), or as SUCCEEDED /
+   * FAILED (final error): do not run it. Throws as `prepare` and `markRunning` do.
+   */
+  begin(call: PrepareCall, leaseMs: number, options?: MarkRunningOptions): Promise<LedgerEntry>;
   /** Extends the lease, only while RUNNING with run number `runs`. */
   renewLease(
     runId: string,
@@ -299,23 +305,67 @@ export function createLedger(options: LedgerOptions): Ledger {
     return { entry, applied: status === 'applied' };
   }
 
+  /** The new entry a call would get, and its args hash; refuses an empty step or tool. */
+  function freshEntry(call: PrepareCall): { fresh: string; hash: string } {
+    const { runId, stepId, tenantId, callId, tool, args } = call;
+    for (const [field, value] of [
+      ['stepId', stepId],
+      ['tool', tool],
+    ] as const) {
+      if (typeof value !== 'string' || value === '')
+        refuse('tool call', field, 'must not be empty');
+    }
+    const hash = argsHash(args);
+    const fresh = {
+      callId, runId, stepId, tenantId, tool, argsHash: hash, args: JSON.stringify(args),
+      state: LedgerState.Prepared, runs: 0, leaseUntil: null, receipt: null, error: null,
+      createdAt: 0, updatedAt: 0, resolution: null, seq: 0,
+    }; // prettier-ignore
+    return { fresh: JSON.stringify(fresh), hash };
+  }
+
+  /** The entry of a running-or-recorded reply; throws for busy, in doubt, mismatch, missing. */
+  function runningOrRecorded(
+    reply: { status: string; entry: LedgerEntry | null; now: number },
+    call: { runId: string; tenantId: string; callId: string; tool: string; hash?: string },
+  ): LedgerEntry {
+    const { status, entry, now } = reply;
+    const { runId, tenantId, callId } = call;
+    if (entry === null) return missing(runId, tenantId, callId, 'Call prepare first.');
+    if (status === 'mismatch') {
+      throw new NonDeterminismError(
+        runId,
+        callId,
+        { tool: entry.tool, argsHash: entry.argsHash },
+        { tool: call.tool, argsHash: call.hash ?? '' },
+      );
+    }
+    if (status === 'busy') {
+      const remaining = Math.max(0, (entry.leaseUntil ?? now) - now);
+      throw new ToolCallBusyError(runId, callId, entry.tool, remaining);
+    }
+    if (status === 'in_doubt') {
+      const { stepId, tool } = entry;
+      throw new ToolOutcomeUnknownError({ runId, stepId, callId, tool, tenantId });
+    }
+    return entry;
+  }
+
   return {
+    async begin(call, leaseMs, beginOptions = {}) {
+      const { runId, tenantId, callId, tool } = call;
+      checkPositiveInt(leaseMs, 'leaseMs');
+      const { fresh, hash } = freshEntry(call);
+      const rerun = beginOptions.rerunInDoubt === true ? '1' : '0';
+      const args = [fresh, tool, hash, String(leaseMs), rerun];
+      const reply = await run('begin', runId, tenantId, callId, args);
+      return runningOrRecorded(reply, { runId, tenantId, callId, tool, hash });
+    },
+
     async prepare(call) {
-      const { runId, stepId, tenantId, callId, tool, args } = call;
-      for (const [field, value] of [
-        ['stepId', stepId],
-        ['tool', tool],
-      ] as const) {
-        if (typeof value !== 'string' || value === '')
-          refuse('tool call', field, 'must not be empty');
-      }
-      const hash = argsHash(args);
-      const fresh = {
-        callId, runId, stepId, tenantId, tool, argsHash: hash, args: JSON.stringify(args),
-        state: LedgerState.Prepared, runs: 0, leaseUntil: null, receipt: null, error: null,
-        createdAt: 0, updatedAt: 0, resolution: null, seq: 0,
-      }; // prettier-ignore
-      const scriptArgs = [JSON.stringify(fresh), tool, hash];
+      const { runId, tenantId, callId, tool } = call;
+      const { fresh, hash } = freshEntry(call);
+      const scriptArgs = [fresh, tool, hash];
       const { status, entry } = await run('prepare', runId, tenantId, callId, scriptArgs);
       if (entry === null) throw new InvariantError(`prepare of call ${callId} returned no entry`);
       if (status === 'mismatch') {
@@ -333,17 +383,7 @@ export function createLedger(options: LedgerOptions): Ledger {
       checkPositiveInt(leaseMs, 'leaseMs');
       const rerun = markOptions.rerunInDoubt === true ? '1' : '0';
       const reply = await run('markRunning', runId, tenantId, callId, [String(leaseMs), rerun]);
-      const { status, entry, now } = reply;
-      if (entry === null) return missing(runId, tenantId, callId, 'Call prepare first.');
-      if (status === 'busy') {
-        const remaining = Math.max(0, (entry.leaseUntil ?? now) - now);
-        throw new ToolCallBusyError(runId, callId, entry.tool, remaining);
-      }
-      if (status === 'in_doubt') {
-        const { stepId, tool } = entry;
-        throw new ToolOutcomeUnknownError({ runId, stepId, callId, tool, tenantId });
-      }
-      return entry;
+      return runningOrRecorded(reply, { runId, tenantId, callId, tool: '' });
     },
 
     renewLease: async (runId, tenantId, callId, leaseMs, runs) => {

@@ -118,8 +118,9 @@ export function createModelJournal(options: ModelJournalOptions): ModelJournal {
 
   /*
    * record: first writer wins per (run, step, turn).
-   *   Written keys:  journal (HSETNX field reply), in one MULTI/EXEC with the read below
-   *   Reads:         journal (HGET field), after the HSETNX, so it is the reply that won
+   *   Written keys:  journal (HSETNX field reply)
+   *   Reads:         journal (HGET field), only when HSETNX wrote nothing: an entry is never
+   *                  overwritten, so what it reads is the reply that won
    *   Returns:       { reply: the stored reply, recorded: HSETNX said 1 }
    *   Throws:        InputValidationError (before any I/O), SnapshotCorruptError (stored reply
    *                  unreadable), RedisUnavailableError
@@ -142,25 +143,16 @@ export function createModelJournal(options: ModelJournalOptions): ModelJournal {
     }
     const field = journalField(stepId, turn);
     const encoded = JSON.stringify(parsed.data);
-    let replies: [Error | null, unknown][] | null;
+    let stored: string | null;
     try {
-      replies = await redis.multi().hsetnx(key, field, encoded).hget(key, field).exec();
+      if ((await redis.hsetnx(key, field, encoded)) === 1) {
+        return { reply: parsed.data, recorded: true };
+      }
+      stored = await redis.hget(key, field);
     } catch (error) {
       throw classifyRedisError(error, redis);
     }
-    if (replies === null || replies.length !== 2) {
-      throw new InvariantError(
-        `EXEC of the journal record of run "${runId}" step "${stepId}" turn ${turn} returned ${replies === null ? 'null' : `${replies.length} replies`}, expected 2`,
-      );
-    }
-    const [[setError, set], [getError, stored]] = replies as [
-      [Error | null, unknown],
-      [Error | null, unknown],
-    ];
-    const error = setError ?? getError;
-    if (error !== null) throw classifyRedisError(error, redis);
-    if (set === 1) return { reply: parsed.data, recorded: true };
-    if (typeof stored !== 'string') {
+    if (stored === null) {
       throw new InvariantError(
         `the journal of run "${runId}" holds no reply for step "${stepId}" turn ${turn} right after HSETNX refused to write one`,
       );

@@ -95,17 +95,17 @@ export async function callTool(options: CallToolOptions): Promise<CallToolResult
   const callId =
     options.callId ?? ledgerCallId({ tenantId, runId, stepId, tool: tool.identity, args });
 
-  const prepared = await ledger.prepare({
-    runId,
-    stepId,
-    tenantId,
-    callId,
-    tool: tool.identity,
-    args,
-  });
+  const call = { runId, stepId, tenantId, callId, tool: tool.identity, args };
+  const rerun = canRerunInDoubt(tool);
+  if (options.beforeRun === undefined) {
+    // Nothing to check between recording the call and taking its lease: one atomic step.
+    ctx.signal?.throwIfAborted();
+    const entry = await ledger.begin(call, leaseMs, { rerunInDoubt: rerun });
+    return recordedOutcome(entry) ?? runOwned(options, args, entry, leaseMs, rerun);
+  }
+  const prepared = await ledger.prepare(call);
   const recorded = recordedOutcome(prepared);
   if (recorded !== undefined) return recorded;
-  const rerun = canRerunInDoubt(tool);
   if (prepared.state === 'IN_DOUBT' && !rerun) {
     throw new ToolOutcomeUnknownError({ runId, stepId, callId, tool: tool.identity, tenantId });
   }

@@ -290,6 +290,9 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     data: JobData,
     jobSignal: AbortSignal | undefined,
   ): Promise<string | { retryAfterMs: number }> {
+    // Asked for beside the guard's read (one round trip for both): a turn that runs needs it.
+    const journaled = core.journal.get(data.runId, data.stepId!, data.turn!);
+    journaled.catch(() => {});
     const admitted = await admit(data);
     if (typeof admitted === 'string') return admitted;
     const { env, state, meta } = admitted;
@@ -320,6 +323,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
         tenantId: meta.tenantId,
         runInput: meta.input,
         turn,
+        journaled,
         signal,
       }),
     );

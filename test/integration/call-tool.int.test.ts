@@ -298,6 +298,12 @@ describe('callTool', () => {
       'shutting down',
     );
     expect(total()).toBe(0);
+    // Nothing started, so nothing is recorded (a call with a budget check is left PREPARED).
+    expect(await ledger.list('run-1', 'acme')).toEqual([]);
+    await expect(
+      call({ ctx: { ...ctx, signal: controller.signal }, beforeRun: () => undefined }),
+    ).rejects.toThrow('shutting down');
+    expect(total()).toBe(0);
     expect((await ledger.list('run-1', 'acme'))[0]?.state).toBe('PREPARED');
   });
 

@@ -373,3 +373,39 @@ describe('ledger ids', () => {
     expect(ids.size).toBe(6);
   });
 });
+
+describe('ledger.begin: prepare and markRunning in one step', () => {
+  it('records and leases a new call, run 1, exactly as prepare then markRunning would', async () => {
+    const begun = await ledger.begin(call(), 5000);
+    expect(begun).toMatchObject({ state: 'RUNNING', runs: 1, leaseUntil: now + 5000, seq: 1 });
+    expect(await ledger.get(R, T, 'call-1')).toEqual(begun);
+    const other = createLedger({ redis, prefix: testPrefix(), clock: () => now });
+    await other.prepare(call());
+    const twoSteps = await other.markRunning(R, T, 'call-1', 5000);
+    expect({ ...twoSteps, updatedAt: 0 }).toEqual({ ...begun, updatedAt: 0 });
+  });
+
+  it('returns a recorded outcome without taking a lease, and refuses what markRunning refuses', async () => {
+    const begun = await ledger.begin(call(), 5000);
+    // Live lease: busy.
+    expect(await caught(ledger.begin(call(), 5000))).toBeInstanceOf(ToolCallBusyError);
+    await ledger.markSucceeded(R, T, 'call-1', { id: 'm-1' }, begun.runs);
+    const again = await ledger.begin(call(), 5000);
+    expect(again).toMatchObject({ state: 'SUCCEEDED', runs: 1, receipt: { id: 'm-1' } });
+    // Other arguments under the same call id: non-determinism, nothing changed.
+    const e = await caught(ledger.begin(call({ args: { to: 'x@y.z' } }), 5000));
+    expect(e).toBeInstanceOf(NonDeterminismError);
+    expect(await ledger.get(R, T, 'call-1')).toEqual(again);
+  });
+
+  it('an expired lease is in doubt: refused unless the tool may re-run, then re-run as run 2', async () => {
+    await ledger.begin(call({ callId: 'c2' }), 100);
+    now += 1000;
+    expect(await caught(ledger.begin(call({ callId: 'c2' }), 100))).toBeInstanceOf(
+      ToolOutcomeUnknownError,
+    );
+    expect((await ledger.get(R, T, 'c2'))?.state).toBe('IN_DOUBT');
+    const rerun = await ledger.begin(call({ callId: 'c2' }), 100, { rerunInDoubt: true });
+    expect(rerun).toMatchObject({ state: 'RUNNING', runs: 2 });
+  });
+});
