@@ -51,4 +51,15 @@ describe('examples run as documented', () => {
     expect(out).toMatch(/upload 1 effect \(1 duplicate answered from its record\), email 1 effect/);
     expect(out).toMatch(/ok: both runs succeeded with 1 upload and 1 e-mail each/);
   }, 60_000);
+
+  it('the agent demo (npm run demo:agent) runs the granular research agent, survives a kill inside a turn, and gives the same answer', async () => {
+    const out = await runExample('examples/research-agent/main.ts');
+    expect(out).toContain('turn 0 committed: search_corpus');
+    expect(out).toContain('killed by SIGKILL');
+    expect(out).toMatch(/\[resume\] turn 1 committed: write_notes/);
+    expect(out).toMatch(/answer equal to run 1's; model calls 4 \(run 1: 4\)/);
+    expect(out).toMatch(
+      /ok: both runs succeeded with 1 notes file and 1 e-mail each, and the same answer/,
+    );
+  }, 60_000);
 });
