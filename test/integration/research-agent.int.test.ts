@@ -37,7 +37,14 @@ interface Result {
 function flujo(args: string[], env: Record<string, string> = {}): Promise<Result> {
   const child = spawn(node, [bin, ...args], {
     cwd,
-    env: { ...process.env, REDIS_URL: redisUrl(), FLUJO_PREFIX: prefix, ...env },
+    // The scripted model, never a real endpoint from the environment.
+    env: {
+      ...process.env,
+      REDIS_URL: redisUrl(),
+      FLUJO_PREFIX: prefix,
+      OPENAI_BASE_URL: '',
+      ...env,
+    },
   });
   let out = '';
   let err = '';
