@@ -266,14 +266,17 @@ await worker.ready();
 const secondStatus = await withTimeout(secondDone, 30_000, 'the resumed run');
 const secondCalls = modelCalls() - calls;
 const two = await report(second, secondStatus, secondCalls);
-expect(
-  two.answer === one.answer,
-  `run ${second}: its answer differs from the answer of run ${first}`,
-);
-expect(
-  two.ledger.length === one.ledger.length,
-  `run ${second}: ${two.ledger.length} tool calls, run ${first} made ${one.ledger.length}`,
-);
+// The scripted model answers alike whenever the conversation is alike; a real one need not.
+if (model.scripted) {
+  expect(
+    two.answer === one.answer,
+    `run ${second}: its answer differs from the answer of run ${first}`,
+  );
+  expect(
+    two.ledger.length === one.ledger.length,
+    `run ${second}: ${two.ledger.length} tool calls, run ${first} made ${one.ledger.length}`,
+  );
+}
 // A kill before the reply is journaled asks the model again; any later point must not.
 if (model.scripted && !KILL_AT.startsWith('after-model-reply')) {
   expect(
@@ -313,7 +316,7 @@ const seconds = ((performance.now() - started) / 1000).toFixed(1);
 if (problems.length > 0) console.log(`\nFAILED (${seconds} s):\n  ${problems.join('\n  ')}`);
 else
   console.log(
-    `\nok: both runs succeeded with 1 notes file and 1 e-mail each, and the same answer (${seconds} s)`,
+    `\nok: both runs succeeded with 1 notes file and 1 e-mail each${model.scripted ? ', and the same answer' : ''} (${seconds} s)`,
   );
 
 await worker.close();
