@@ -11,9 +11,9 @@
  * called once, after `setup`, with the same context, and reads whatever `setup` established (the
  * module keeps it, as it keeps any other state of its own):
  *
- *   let modelUrl: string | undefined;
- *   export async function setup({ dataDir }) { modelUrl = await startModel(dataDir); }
- *   export const agents = () => [defineAgent({ name: 'writer', provider: { baseURL: modelUrl! }, … })];
+ *   let url: string | undefined;
+ *   export async function setup({ dataDir }) { url = await startModel(dataDir); }
+ *   export const agents = () => [defineAgent({ name: 'writer', provider: { baseURL: url! }, … })];
  */
 import { mkdirSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
