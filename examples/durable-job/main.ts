@@ -1,19 +1,21 @@
 /**
  * The durable-job demo in one command: crawl → report → render → upload → email, on Redis, with a
- * BullMQ worker, and the upload and e-mail going to a local HTTP service that counts every request
- * and honours idempotency keys. Then the same job again, with its worker process killed by SIGKILL
- * right after the upload's effect, and resumed: the service still saw one upload and one e-mail.
+ * BullMQ worker; the report is drafted by an agent, and the upload and e-mail go to a local HTTP
+ * service that counts every request and honours idempotency keys. Then the same job again, with
+ * its worker process killed by SIGKILL right after the upload's effect, and resumed: the service
+ * still saw one upload and one e-mail.
  *
  *   npm run demo                      embedded redis-server (AOF) with its data in .flujo/redis
  *   REDIS_URL=redis://… npm run demo  another Redis
+ *   OPENAI_BASE_URL=… OPENAI_API_KEY=… [OPENAI_MODEL=…] npm run demo   the report by a real model
  */
 import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { createRuntime, startEmbeddedRedis, type JsonValue } from 'flujo';
-import { input, operators, plan, serviceUrl, setup, tools } from './job.ts';
+import { createRuntime, startEmbeddedRedis, type AgentResult, type JsonValue } from 'flujo';
+import { agents, input, modelEndpoint, operators, plan, serviceUrl, setup, tools } from './job.ts';
 import { fetchStats, type ServiceStats } from './service.ts';
 
 const started = performance.now();
@@ -36,11 +38,22 @@ const expect = (ok: boolean, what: string) => {
 const embedded = process.env['REDIS_URL'] ? undefined : await startEmbeddedRedis();
 const redisUrl = process.env['REDIS_URL'] ?? embedded!.url;
 const teardown = await setup({ dataDir: DATA_DIR });
-const runtime = createRuntime({ redis: redisUrl, prefix: PREFIX, operators, tools });
+const model = modelEndpoint();
+// After setup: the report agent's model is only known once setup has started it.
+const runtime = createRuntime({
+  redis: redisUrl,
+  prefix: PREFIX,
+  operators,
+  tools,
+  agents: agents(),
+});
 
 console.log('durable-job demo: crawl → report → render → upload → email\n');
 console.log(
   `redis    ${embedded ? `embedded redis-server, AOF in ${show(embedded.dataDir)}` : 'REDIS_URL'} (${redisUrl})`,
+);
+console.log(
+  `model    ${model.scripted ? `scripted model server of flujo/testing (${model.baseURL})` : `${model.model} at ${model.baseURL}`} (the report agent)`,
 );
 console.log(
   `service  ${serviceUrl()} (upload + email; every request recorded in ${show(join(DATA_DIR, 'requests.jsonl'))})`,
@@ -52,8 +65,11 @@ function brief(stepId: string, output: JsonValue): string {
   switch (stepId) {
     case 'crawl':
       return `${(o['pages'] as unknown[]).length} pages read`;
-    case 'report':
-      return `${String(o['pages'])} pages, ${String(o['words'])} words`;
+    case 'report': {
+      const r = output as unknown as AgentResult;
+      const first = (r.answer ?? '').split('\n')[0] ?? '';
+      return `drafted by the agent (${r.turns} model turns, ${r.toolCalls} tool call): ${first}`;
+    }
     case 'render':
       return show(String(o['path']));
     case 'upload':
@@ -138,7 +154,7 @@ const firstStatus = await withTimeout(
 const firstStats = await fetchStats(serviceUrl(), first);
 console.log(`run ${firstStatus}`);
 console.log(`service saw for this run: ${fmtStats(firstStats)}`);
-console.log('ledger (each tool call once):');
+console.log("ledger (each tool call once; read_pages is the report agent's):");
 const firstLedger = await printLedger(first);
 expect(firstStatus === 'succeeded', `run ${first} ended ${firstStatus}, not succeeded`);
 expect(
@@ -146,8 +162,8 @@ expect(
   `run ${first}: expected 1 upload and 1 email effect`,
 );
 expect(
-  firstLedger.length === 2 && firstLedger.every((e) => e.state === 'SUCCEEDED'),
-  `run ${first}: expected 2 SUCCEEDED ledger entries`,
+  firstLedger.length === 3 && firstLedger.every((e) => e.state === 'SUCCEEDED'),
+  `run ${first}: expected 3 SUCCEEDED ledger entries`,
 );
 
 console.log(`
@@ -221,8 +237,8 @@ expect(
   `run ${second}: expected 1 upload and 1 email effect`,
 );
 expect(
-  secondLedger.length === 2 && secondLedger.every((e) => e.state === 'SUCCEEDED'),
-  `run ${second}: expected 2 SUCCEEDED ledger entries`,
+  secondLedger.length === 3 && secondLedger.every((e) => e.state === 'SUCCEEDED'),
+  `run ${second}: expected 3 SUCCEEDED ledger entries`,
 );
 
 console.log(`

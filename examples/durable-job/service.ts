@@ -116,7 +116,8 @@ function readRecords(file: string): RequestRecord[] {
   return out;
 }
 
-function isAlive(pid: number): boolean {
+/** True when process `pid` runs (and is not a zombie waiting to be reaped). */
+export function isAlive(pid: number): boolean {
   try {
     process.kill(pid, 0);
   } catch (err) {

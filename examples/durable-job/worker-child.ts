@@ -11,7 +11,7 @@
  * Env: TOOL_LEASE_MS (default 500), RECOVERY_MS (default 1000).
  */
 import { createRuntime } from 'flujo';
-import { operators, setup, tools } from './job.ts';
+import { agents, operators, setup, tools } from './job.ts';
 
 const [redisUrl, prefix, runId, dataDir = '.flujo/durable-job'] = process.argv.slice(2);
 if (redisUrl === undefined || prefix === undefined || runId === undefined) {
@@ -24,7 +24,8 @@ const number = (name: string, fallback: number) => {
 };
 
 const cleanup = await setup({ dataDir });
-const runtime = createRuntime({ redis: redisUrl, prefix, operators, tools });
+// After setup, which found the parent's scripted model server (see model.ts).
+const runtime = createRuntime({ redis: redisUrl, prefix, operators, tools, agents: agents() });
 const worker = runtime.createWorker({
   concurrency: 1,
   toolLeaseMs: number('TOOL_LEASE_MS', 500),

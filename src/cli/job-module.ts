@@ -1,7 +1,19 @@
 /**
  * Job modules: an ES module (.js, .mjs or .ts) that exports `plan` (an object, JSON text, or a
  * function returning one, possibly async), `operators`, `tools`, `agents`, a default `input` and an optional
- * `setup` hook. Everything is checked here, before the CLI connects to Redis or writes anything.
+ * `setup` hook. Everything is checked here, before the CLI connects to Redis or writes anything,
+ * but agents exported as a function: those are built and checked by {@link runSetup}, after `setup`
+ * and still before the command writes anything.
+ *
+ * Why agents may be a function: an agent names its model's endpoint when it is defined, and a job
+ * may only know that endpoint once `setup` has started it (a local model server on a free port,
+ * a tunnel). So `agents` may be `({ dataDir }) => AgentDefinition[]` (or a promise of one): it is
+ * called once, after `setup`, with the same context, and reads whatever `setup` established (the
+ * module keeps it, as it keeps any other state of its own):
+ *
+ *   let url: string | undefined;
+ *   export async function setup({ dataDir }) { url = await startModel(dataDir); }
+ *   export const agents = () => [defineAgent({ name: 'writer', provider: { baseURL: url! }, … })];
  */
 import { mkdirSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
@@ -13,6 +25,7 @@ import { parsePlan } from '../plan/parse-plan.js';
 import type { Plan } from '../plan/schema.js';
 import type { ToolDefinition } from '../tools/define-tool.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
+import type { Runtime } from '../runtime.js';
 import { createToolRegistry } from '../tools/registry.js';
 import { badInput } from './exit-codes.js';
 
@@ -25,6 +38,9 @@ export interface SetupContext {
 /** A cleanup returned by `setup`, called when the command exits. */
 export type Teardown = () => Promise<void> | void;
 
+/** `agents` exported as a function: called once after `setup`, with the same context. */
+export type AgentsBuilder = (ctx: SetupContext) => unknown;
+
 /** A loaded, checked job module. */
 export interface JobModule {
   /** The path as given on the command line. */
@@ -34,7 +50,13 @@ export interface JobModule {
   plan: Plan;
   operators: Record<string, Operator>;
   tools: ToolDefinition[];
+  /**
+   * The module's agents. When the module exports `agents` as a function, this is empty until
+   * {@link runSetup} has called it.
+   */
   agents: AgentDefinition[];
+  /** `agents` as exported, when it is a function: called by {@link runSetup} after `setup`. */
+  agentsBuilder: AgentsBuilder | undefined;
   /** The module's default run input, if it exports one. */
   input: JsonValue | undefined;
   setup: ((ctx: SetupContext) => Promise<void | Teardown> | void | Teardown) | undefined;
@@ -101,14 +123,12 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
 
   const operators = checkOperators(name, mod['operators']);
   const tools = checkTools(name, mod['tools']);
-  const agents = checkAgents(name, mod['agents']);
+  // A function is called after setup (see runSetup), and its agents are checked then.
+  const agentsBuilder =
+    typeof mod['agents'] === 'function' ? (mod['agents'] as AgentsBuilder) : undefined;
+  const agents = agentsBuilder === undefined ? checkAgents(name, mod['agents']) : [];
+  if (agentsBuilder === undefined) checkAgentSteps(name, plan, agents);
   for (const step of plan.steps) {
-    if (step.kind === 'agent' && !agents.some((a) => a.name === step.agent)) {
-      const known = agents.map((a) => a.name).join(', ') || 'none';
-      badInput(
-        `job module ${name}: step "${step.id}" uses agent "${step.agent}", which the module's agents do not define (it defines: ${known}); add defineAgent({ name: "${step.agent}", … }) to \`export const agents\``,
-      );
-    }
     const needed =
       step.kind === 'operator' ? step.operator : step.kind === 'policy_check' ? step.policy : null;
     if (needed !== null && operators[needed] === undefined) {
@@ -140,6 +160,7 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
     operators,
     tools,
     agents,
+    agentsBuilder,
     input: input as JsonValue | undefined,
     setup: setup as JobModule['setup'],
   };
@@ -180,25 +201,98 @@ function checkTools(name: string, value: unknown): ToolDefinition[] {
   return tools as ToolDefinition[];
 }
 
-/** Runs the module's `setup` hook, if any; returns its teardown (a no-op when there is none). */
-export async function runSetup(job: JobModule, cwd: string): Promise<Teardown> {
-  if (job.setup === undefined) return () => {};
-  const dataDir = join(cwd, '.flujo', 'data');
-  mkdirSync(dataDir, { recursive: true });
-  const teardown = await job.setup({ dataDir });
-  return typeof teardown === 'function' ? teardown : () => {};
+/**
+ * Runs the module's `setup` hook, if any, then, when the module exports `agents` as a function,
+ * calls it with the same context, checks its agents as {@link loadJobModule} checks an array
+ * (a bad one is a bad-input CliError, thrown after the teardown ran) and registers them with
+ * `runtime`. Returns the teardown (a no-op when there is none). Call it before the command
+ * writes anything, so that a bad agent leaves nothing behind.
+ */
+export async function runSetup(
+  job: JobModule,
+  cwd: string,
+  runtime: Pick<Runtime, 'agent'>,
+): Promise<Teardown> {
+  const ctx: SetupContext = { dataDir: join(cwd, '.flujo', 'data') };
+  let teardown: Teardown = () => {};
+  if (job.setup !== undefined) {
+    mkdirSync(ctx.dataDir, { recursive: true });
+    const returned = await job.setup(ctx);
+    if (typeof returned === 'function') teardown = returned;
+  }
+  if (job.agentsBuilder === undefined) return teardown;
+  try {
+    job.agents = await buildAgents(job, ctx);
+    for (const agent of job.agents) runtime.agent(agent);
+  } catch (error) {
+    await teardown();
+    throw error;
+  }
+  return teardown;
 }
 
-function checkAgents(name: string, value: unknown): AgentDefinition[] {
-  if (value === undefined) return [];
-  const fix = 'export agents as an array of defineAgent({ … }) definitions';
-  if (!Array.isArray(value)) badInput(`job module ${name}: agents is not an array; ${fix}`);
+/** Calls the module's agents function and checks what it returns. */
+async function buildAgents(job: JobModule, ctx: SetupContext): Promise<AgentDefinition[]> {
+  const name = JSON.stringify(job.path);
+  let value: unknown;
+  try {
+    value = await job.agentsBuilder!(ctx);
+  } catch (error) {
+    badInput(
+      `job module ${name}: its agents() threw: ${firstLine(error)}; fix the agents builder (it runs after setup)`,
+    );
+  }
+  const agents = checkAgents(name, value, true);
+  checkAgentSteps(name, job.plan, agents, true);
+  return agents;
+}
+
+const subjectOf = (built: boolean) => (built ? 'agents()' : 'agents');
+
+/**
+ * Checks a module's agents: an array of agent definitions with distinct names, exported as such
+ * or (`built`) returned by its agents function.
+ */
+function checkAgents(name: string, value: unknown, built = false): AgentDefinition[] {
+  if (value === undefined && !built) return [];
+  const subject = subjectOf(built);
+  const fix = `${built ? 'return' : 'export agents as'} an array of defineAgent({ … }) definitions`;
+  if (!Array.isArray(value)) {
+    const or = built ? '' : ' (or a function returning one, called after setup)';
+    badInput(`job module ${name}: ${subject} is not an array; ${fix}${or}`);
+  }
   const agents = value as unknown[];
+  const seen = new Map<string, number>();
   agents.forEach((agent, i) => {
     const named = agent as { name?: unknown; model?: unknown } | null;
     if (typeof named?.name !== 'string' || typeof named.model !== 'string') {
-      badInput(`job module ${name}: agents[${i}] is not an agent definition; ${fix}`);
+      badInput(`job module ${name}: ${subject}[${i}] is not an agent definition; ${fix}`);
     }
+    const first = seen.get(named.name);
+    if (first !== undefined) {
+      badInput(
+        `job module ${name}: ${subject}[${i}] and ${subject}[${first}] are both named "${named.name}"; give each agent its own name`,
+      );
+    }
+    seen.set(named.name, i);
   });
   return agents as AgentDefinition[];
+}
+
+/** Every agent step must name one of the module's agents (`built`: those its agents() returned). */
+function checkAgentSteps(
+  name: string,
+  plan: Plan,
+  agents: readonly AgentDefinition[],
+  built = false,
+): void {
+  for (const step of plan.steps) {
+    if (step.kind === 'agent' && !agents.some((a) => a.name === step.agent)) {
+      const known = agents.map((a) => a.name).join(', ') || 'none';
+      const where = built ? 'the array agents() returns' : '`export const agents`';
+      badInput(
+        `job module ${name}: step "${step.id}" uses agent "${step.agent}", which the module's ${subjectOf(built)} do not define (it defines: ${known}); add defineAgent({ name: "${step.agent}", … }) to ${where}`,
+      );
+    }
+  }
 }

@@ -42,6 +42,8 @@ Job module (run, resume, worker): an ES module (.js, .mjs or .ts; it imports the
   plan        a plan object, JSON text, or a function returning one (may be async)
   operators   { name: async (ctx) => json }: every operator its steps name
   tools       [defineTool({ ... })] (optional)
+  agents      [defineAgent({ ... })], or ({ dataDir }) => [...] called after setup, e.g. when
+              setup starts the model's endpoint (optional): every agent its steps name
   input       the default run input; --input overrides it (optional)
   setup       async ({ dataDir }) => teardown? (optional): called once before run, resume and
               worker, e.g. to start a local service; the function it returns is called on exit

@@ -1,5 +1,8 @@
 import { execFile } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startScriptedModelServer, type ScriptedModelServer } from '../../src/testing/index.js';
@@ -8,12 +11,12 @@ import { connect, deletePrefix, redisUrl } from '../helpers/redis.js';
 const exec = promisify(execFile);
 const root = new URL('../../', import.meta.url).pathname;
 
-async function flujo(args: string[], env: Record<string, string>) {
+async function flujo(args: string[], env: Record<string, string>, cwd = root) {
   try {
     const { stdout, stderr } = await exec(
       `${root}node_modules/.bin/node`,
       [`${root}bin/flujo.js`, ...args],
-      { cwd: root, env: { ...process.env, REDIS_URL: redisUrl(), ...env }, timeout: 30_000 },
+      { cwd, env: { ...process.env, REDIS_URL: redisUrl(), ...env }, timeout: 30_000 },
     );
     return { code: 0, stdout, stderr };
   } catch (error) {
@@ -64,4 +67,88 @@ describe('flujo run with an agent step', () => {
     expect(r.stderr).toContain('step "ask" uses agent "ghost"');
     expect(r.stderr).toContain('export const agents');
   });
+});
+
+describe('a job module whose agents are a function, built after setup', () => {
+  const job = join(root, 'test/fixtures/jobs/agents-after-setup.ts');
+  let model: ScriptedModelServer;
+  let cwd: string;
+  const prefix = `t-${randomUUID().slice(0, 8)}`;
+  const log = () => readFileSync(join(cwd, '.flujo', 'data', 'agents.log'), 'utf8');
+
+  beforeAll(async () => {
+    model = await startScriptedModelServer();
+    cwd = mkdtempSync(join(tmpdir(), 'flujo-cli-agents-'));
+  });
+  afterAll(async () => {
+    await model.close();
+    rmSync(cwd, { recursive: true, force: true });
+    const redis = connect();
+    await deletePrefix(redis, prefix);
+    await deletePrefix(redis, `{${prefix}:q}`);
+    redis.disconnect();
+  });
+
+  it('calls setup, then agents() with the same dataDir, runs the agent, and exits 0', async () => {
+    model.enqueue({ text: 'Hello after setup.' });
+    const r = await flujo(
+      ['run', job, '--prefix', prefix, '--json'],
+      { MODEL_URL: model.url, AGENTS_CASE: '' },
+      cwd,
+    );
+    expect(r.stderr).toBe('');
+    expect(r.code).toBe(0);
+    const last = JSON.parse(r.stdout.trim().split('\n').at(-1)!) as {
+      summary: { produced: Record<string, unknown> };
+    };
+    expect(last.summary.produced['ask']).toMatchObject({ answer: 'Hello after setup.' });
+    expect(log()).toBe('setup\nagents same dataDir\nteardown\n');
+  });
+
+  it.each([
+    {
+      case: 'throws',
+      says: 'its agents() threw: the model server is not up; fix the agents builder (it runs after setup)',
+    },
+    {
+      case: 'not-array',
+      says: 'agents() is not an array; return an array of defineAgent({ … }) definitions',
+    },
+    {
+      case: 'other-name',
+      says: 'step "ask" uses agent "helper", which the module\'s agents() do not define (it defines: other); add defineAgent({ name: "helper", … }) to the array agents() returns',
+    },
+    {
+      case: 'twice',
+      says: 'agents()[1] and agents()[0] are both named "helper"; give each agent its own name',
+    },
+  ])(
+    'agents() that $case: one line naming the fix, exit 2, teardown called, nothing written',
+    async (c) => {
+      rmSync(join(cwd, '.flujo', 'data', 'agents.log'), { force: true });
+      const other = `t-${randomUUID().slice(0, 8)}`;
+      const r = await flujo(
+        ['run', job, '--prefix', other],
+        { MODEL_URL: model.url, AGENTS_CASE: c.case },
+        cwd,
+      );
+      expect(r.code).toBe(2);
+      expect(r.stdout).toBe('');
+      expect(r.stderr.trim().split('\n')).toHaveLength(1);
+      expect(r.stderr).toContain(`job module ${JSON.stringify(job)}: ${c.says}`);
+      expect(log()).toBe(`setup\nagents same dataDir\nteardown\n`);
+      // No run, no job, no event under the prefix. (BullMQ may record its queue's version in
+      // the queue's meta key as the runtime connects, as for any command that connects.)
+      const redis = connect();
+      const keys: string[] = [];
+      let cursor = '0';
+      do {
+        const [next, batch] = await redis.scan(cursor, 'MATCH', `*${other}*`, 'COUNT', 1000);
+        cursor = next;
+        keys.push(...batch);
+      } while (cursor !== '0');
+      redis.disconnect();
+      expect(keys.filter((k) => k !== `{${other}:q}:runs:meta`)).toEqual([]);
+    },
+  );
 });

@@ -1,7 +1,8 @@
 /**
  * The durable-job example (examples/durable-job) on real Redis: the job runs to success with one
  * upload and one e-mail, and it still does after its worker process is killed with SIGKILL at each
- * point between an effect and its commit (issue 3's acceptance).
+ * point between an effect and its commit (issue 3's acceptance). Its report step is an agent on the
+ * scripted model server, which setup starts in this process and the worker children find.
  */
 import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
@@ -12,7 +13,15 @@ import { join } from 'node:path';
 import type { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { createRuntime, type FlujoWorker, type Runtime } from 'flujo';
-import { gatedPlan, input, operators, plan, setup, tools } from '../../examples/durable-job/job.ts';
+import {
+  agents,
+  gatedPlan,
+  input,
+  operators,
+  plan,
+  setup,
+  tools,
+} from '../../examples/durable-job/job.ts';
 import {
   ensureService,
   fetchStats,
@@ -36,6 +45,9 @@ let runtime: Runtime;
 let worker: FlujoWorker | undefined;
 
 beforeAll(async () => {
+  // The scripted model, never a real endpoint from the environment (the children inherit this).
+  for (const name of ['OPENAI_BASE_URL', 'OPENAI_API_KEY', 'OPENAI_MODEL'])
+    delete process.env[name];
   redis = connect();
   dataDir = await mkdtemp(join(tmpdir(), 'flujo-durable-job-'));
   // In this process: it lives as long as the tests, and the worker children find it through
@@ -51,7 +63,7 @@ afterAll(async () => {
 });
 beforeEach(() => {
   prefix = testPrefix();
-  runtime = createRuntime({ redis: redisUrl(), prefix, operators, tools });
+  runtime = createRuntime({ redis: redisUrl(), prefix, operators, tools, agents: agents() });
 });
 afterEach(async () => {
   await worker?.close();
@@ -130,7 +142,11 @@ describe('examples/durable-job', () => {
       'upload:SUCCEEDED',
       'email:SUCCEEDED',
     ]);
-    expect(report.summary.produced['report']).toMatchObject({ pages: 5 });
+    // The agent read the pages once (its one tool call) and drafted from them.
+    expect(report.summary.produced['report']).toMatchObject({ turns: 2, toolCalls: 1 });
+    expect((report.summary.produced['report'] as { answer: string }).answer).toContain(
+      'The Tidewater docs have 5 pages',
+    );
     const rendered = report.summary.produced['render'] as { path: string };
     expect(existsSync(rendered.path)).toBe(true);
     expect(report.summary.produced['email']).toMatchObject({ to: input.to, queued: true });
@@ -143,10 +159,11 @@ describe('examples/durable-job', () => {
     // The tools sent the ledger's call ids as idempotency keys.
     const ledger = await runtime.ledger(runId);
     expect(ledger.map((e) => [e.tool, e.state, e.runs])).toEqual([
+      ['read_pages@1', 'SUCCEEDED', 1],
       ['upload_report@1', 'SUCCEEDED', 1],
       ['send_email@1', 'SUCCEEDED', 1],
     ]);
-    expect(service.requests(runId).map((r) => r.key)).toEqual(ledger.map((e) => e.callId));
+    expect(service.requests(runId).map((r) => r.key)).toEqual(ledger.slice(1).map((e) => e.callId));
     expect(await commitsPerStep(runId)).toEqual(ONCE);
   });
 
@@ -170,7 +187,7 @@ describe('examples/durable-job', () => {
       when: 'after the upload effect, before its receipt',
       // The upload happened, the ledger has no receipt: the call is in doubt once its lease
       // lapses, and upload_report takes a key, so it runs again with the same key.
-      ledgerAtCrash: ['RUNNING'],
+      ledgerAtCrash: ['SUCCEEDED', 'RUNNING'],
       uploadStepAtCrash: 'RUNNING',
       uploadRuns: 2,
       uploadDuplicates: 1,
@@ -178,7 +195,7 @@ describe('examples/durable-job', () => {
     {
       killAt: 'after-receipt:upload_report',
       when: 'after the upload receipt, before the step commit',
-      ledgerAtCrash: ['SUCCEEDED'],
+      ledgerAtCrash: ['SUCCEEDED', 'SUCCEEDED'],
       uploadStepAtCrash: 'RUNNING',
       uploadRuns: 1,
       uploadDuplicates: 0,
@@ -186,7 +203,7 @@ describe('examples/durable-job', () => {
     {
       killAt: 'after-commit:upload',
       when: 'after the upload step commit, before the next enqueue',
-      ledgerAtCrash: ['SUCCEEDED'],
+      ledgerAtCrash: ['SUCCEEDED', 'SUCCEEDED'],
       uploadStepAtCrash: 'SUCCEEDED',
       uploadRuns: 1,
       uploadDuplicates: 0,
@@ -218,6 +235,7 @@ describe('examples/durable-job', () => {
       });
       const ledger = await runtime.ledger(runId);
       expect(ledger.map((e) => [e.tool, e.state, e.runs])).toEqual([
+        ['read_pages@1', 'SUCCEEDED', 1],
         ['upload_report@1', 'SUCCEEDED', c.uploadRuns],
         ['send_email@1', 'SUCCEEDED', 1],
       ]);

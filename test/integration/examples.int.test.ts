@@ -11,7 +11,8 @@ const tsx = new URL('node_modules/.bin/tsx', root).pathname;
 async function runExample(file: string): Promise<string> {
   const { stdout } = await run(tsx, [file], {
     cwd: root.pathname,
-    env: { ...process.env, REDIS_URL: redisUrl() },
+    // The scripted model, never a real endpoint from the environment.
+    env: { ...process.env, REDIS_URL: redisUrl(), OPENAI_BASE_URL: '' },
     timeout: 60_000,
   });
   return stdout;
@@ -47,8 +48,20 @@ describe('examples run as documented', () => {
 
   it('the main demo (npm run demo) runs the durable job, survives its crash, and counts one effect per tool', async () => {
     const out = await runExample('examples/durable-job/main.ts');
+    expect(out).toContain('report RUNNING → SUCCEEDED     drafted by the agent');
     expect(out).toContain('killed by SIGKILL');
     expect(out).toMatch(/upload 1 effect \(1 duplicate answered from its record\), email 1 effect/);
     expect(out).toMatch(/ok: both runs succeeded with 1 upload and 1 e-mail each/);
+  }, 60_000);
+
+  it('the agent demo (npm run demo:agent) runs the granular research agent, survives a kill inside a turn, and gives the same answer', async () => {
+    const out = await runExample('examples/research-agent/main.ts');
+    expect(out).toContain('turn 0 committed: search_corpus');
+    expect(out).toContain('killed by SIGKILL');
+    expect(out).toMatch(/\[resume\] turn 1 committed: write_notes/);
+    expect(out).toMatch(/answer equal to run 1's; model calls 4 \(run 1: 4\)/);
+    expect(out).toMatch(
+      /ok: both runs succeeded with 1 notes file and 1 e-mail each, and the same answer/,
+    );
   }, 60_000);
 });

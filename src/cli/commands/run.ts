@@ -66,26 +66,28 @@ export async function cmdRun(ctx: Ctx): Promise<number> {
         `run "${runId}" already exists; continue it with \`${resumeCommand(runId, job.path, repeatFlags(v))}\`, or pass another --run-id`,
       );
     }
-    const handle = await runtime.start(job.plan, input ?? job.input ?? null, {
-      ...(runId === undefined ? {} : { runId }),
-      ...(requestKey === undefined ? {} : { requestKey }),
-    });
-    const resume = resumeCommand(handle.runId, job.path, repeatFlags(v));
-    // First: the run id and how to resume it, so a killed command loses nothing.
-    if (json) {
-      console.log(
-        JSON.stringify({ type: 'run', runId: handle.runId, created: handle.created, resume }),
-      );
-    } else {
-      const how = handle.created
-        ? `plan "${job.plan.name}"`
-        : `existing run of request key "${requestKey}"`;
-      console.log(`run ${handle.runId} (${how})`);
-      console.log(`resume: ${resume}`);
-    }
-    if (!handle.created) checkSamePlan(await handle.status(), job);
-    const teardown = await runSetup(job, ctx.cwd);
+    // Before the run is created: agents exported as a function are built and checked after
+    // setup, and a bad one must leave nothing written.
+    const teardown = await runSetup(job, ctx.cwd, runtime);
     try {
+      const handle = await runtime.start(job.plan, input ?? job.input ?? null, {
+        ...(runId === undefined ? {} : { runId }),
+        ...(requestKey === undefined ? {} : { requestKey }),
+      });
+      const resume = resumeCommand(handle.runId, job.path, repeatFlags(v));
+      // First: the run id and how to resume it, so a killed command loses nothing.
+      if (json) {
+        console.log(
+          JSON.stringify({ type: 'run', runId: handle.runId, created: handle.created, resume }),
+        );
+      } else {
+        const how = handle.created
+          ? `plan "${job.plan.name}"`
+          : `existing run of request key "${requestKey}"`;
+        console.log(`run ${handle.runId} (${how})`);
+        console.log(`resume: ${resume}`);
+      }
+      if (!handle.created) checkSamePlan(await handle.status(), job);
       if (handle.created)
         return await drive(runtime, handle.runId, { after: undefined, json, concurrency, resume });
       return await proceed(conn, runtime, handle.runId, {
@@ -123,7 +125,7 @@ export async function cmdResume(ctx: Ctx): Promise<number> {
       await conn.requireRun(runId);
       checkSamePlan(await runtime.status(runId), job);
       const resume = resumeCommand(runId, job.path, repeatFlags(v));
-      const teardown = await runSetup(job, ctx.cwd);
+      const teardown = await runSetup(job, ctx.cwd, runtime);
       try {
         return await proceed(conn, runtime, runId, {
           json,
@@ -171,7 +173,7 @@ export async function cmdWorker(ctx: Ctx): Promise<number> {
   const concurrency = parseConcurrency(ctx.values.concurrency);
   const job = await loadJobModule(ctx.args[0], ctx.cwd);
   return withJob(ctx, job, true, async (conn, runtime) => {
-    const teardown = await runSetup(job, ctx.cwd);
+    const teardown = await runSetup(job, ctx.cwd, runtime);
     try {
       const worker = runtime.createWorker({ concurrency });
       const stopped = new Promise<void>((resolve) => {
