@@ -213,7 +213,7 @@ export class RuntimeCore {
     let counter = this.#counters.get(model);
     if (counter === undefined) {
       counter = createTokenCounter(model, {
-        onHeuristic: (info) => this.log.warn({ model: info.model }, info.reason),
+        onHeuristic: (info) => this.log.info({ model: info.model }, info.reason),
       });
       this.#counters.set(model, counter);
     }

@@ -275,6 +275,30 @@ describe('usage of agent steps', () => {
   });
 });
 
+describe('token estimates', () => {
+  it('counts known models with their tokenizer; an unknown one by characters, said once in the log', async () => {
+    const infos: { fields: object; message: string }[] = [];
+    await start(agentWith(), {
+      logger: { ...logger, info: (fields, message) => infos.push({ fields, message }) },
+    });
+    expect(runtime.core.tokens('gpt-4o-mini')).toMatchObject({
+      exact: true,
+      encoding: 'o200k_base',
+    });
+    const guess = runtime.core.tokens('llama-3-8b');
+    expect(guess).toMatchObject({ exact: false, encoding: null });
+    expect(guess.countText('x'.repeat(41))).toBe(11);
+    expect(runtime.core.tokens('llama-3-8b')).toBe(guess);
+    expect(infos).toEqual([
+      {
+        fields: { model: 'llama-3-8b' },
+        message:
+          'no bundled tokenizer for model "llama-3-8b": tokens are estimated as ceil(characters / 4)',
+      },
+    ]);
+  });
+});
+
 describe('blobs and truncation', () => {
   it('a tool result over the threshold is stored once as a blob and put back for the model', async () => {
     await start(agentWith());
