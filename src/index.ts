@@ -162,6 +162,7 @@ export type {
   DecisionInput,
   RunHandle,
   RunReport,
+  RunUsage,
   Runtime,
   RuntimeOptions,
   StartOptions,

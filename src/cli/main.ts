@@ -4,7 +4,7 @@ import { parseArgs } from 'node:util';
 import { findCause, isFlujoError, RedisUnavailableError } from '../errors.js';
 import { isConnectionError } from '../persistence/redis-errors.js';
 import { cmdDecide, cmdCancel, cmdLedgerResolve } from './commands/steer.js';
-import { cmdEvents, cmdLedgerList, cmdStatus } from './commands/read.js';
+import { cmdEvents, cmdLedgerList, cmdStatus, cmdUsage } from './commands/read.js';
 import { cmdRedis } from './commands/redis.js';
 import { cmdResume, cmdRun, cmdWorker } from './commands/run.js';
 import { cmdValidate } from './commands/validate.js';
@@ -33,6 +33,8 @@ Usage:
   flujo ledger <runId> [--json]                   the run's tool calls
   flujo ledger resolve <runId> <callId> --succeeded '<json>' | --retry [--by NAME]
       settle an in-doubt tool call: its effect happened (with its receipt), or call it again
+  flujo usage <runId> [--json]                    model usage per step and turn: reserved, spent
+      (tokens and USD) and how each reservation was reconciled; the run's totals
   flujo validate <plan.json> [--json]             check a plan; print its steps in dependency order
   flujo redis stop                                stop the embedded redis-server of this directory
   flujo --version | --help
@@ -96,6 +98,7 @@ const ALLOWED: Record<string, readonly string[]> = {
   reject: DECIDE,
   cancel: ['by', 'reason', 'json', ...CONNECTS],
   ledger: ['json', 'succeeded', 'retry', 'by', ...CONNECTS],
+  usage: ['json', ...CONNECTS],
   validate: ['json'],
   redis: [],
 };
@@ -127,6 +130,8 @@ async function dispatch(command: string, ctx: Ctx): Promise<number> {
     case 'ledger':
       if (ctx.args[0] === 'resolve') return cmdLedgerResolve({ ...ctx, args: ctx.args.slice(1) });
       return cmdLedgerList(ctx);
+    case 'usage':
+      return cmdUsage(ctx);
     case 'redis':
       return cmdRedis(ctx);
     default:

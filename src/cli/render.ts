@@ -1,7 +1,7 @@
 /** How the CLI prints runs, events and ledgers: short human lines, or JSON with `--json`. */
 import type { LedgerEntry } from '../persistence/ledger.js';
 import type { StoredRunEvent } from '../persistence/snapshot-store.js';
-import type { RunReport } from '../runtime.js';
+import type { RunReport, RunUsage } from '../runtime.js';
 import { ExitCode } from './exit-codes.js';
 
 /** The exit code a run's state stands for: 0 succeeded (or still running), 1 failed, 3 waiting, 4 budget, 5 cancelled. */
@@ -165,4 +165,51 @@ export function ledgerLines(entries: readonly LedgerEntry[]): string[] {
       .join('  ')
       .trimEnd(),
   );
+}
+
+const usd = (microUsd: number): string => `$${(microUsd / 1_000_000).toFixed(6)}`;
+
+/** The lines of `flujo usage`: one per reservation (step, turn), then the run's totals. */
+export function usageLines(usage: RunUsage): string[] {
+  const { reservations, totals } = usage;
+  const lines: string[] = [];
+  if (reservations.length === 0) lines.push('no model calls recorded');
+  else {
+    const rows = [
+      ['STEP', 'TURN', 'RESERVED', 'SPENT', 'COST', 'RECONCILED', 'AT'],
+      ...reservations.map((r) => [
+        r.stepId,
+        String(r.turn),
+        `${r.reservedTokens} tok ${usd(r.reservedMicroUsd)}`,
+        r.charged === null ? '-' : `${r.charged.inputTokens}+${r.charged.outputTokens} tok`,
+        r.charged === null ? '-' : usd(r.charged.microUsd),
+        r.outcome === null ? `open (${r.state})` : reconciledAs(r.outcome),
+        time(r.reconciledAt ?? r.createdAt),
+      ]),
+    ];
+    const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
+    for (const r of rows)
+      lines.push(
+        r
+          .map((c, i) => c.padEnd(widths[i]!))
+          .join('  ')
+          .trimEnd(),
+      );
+  }
+  const limit = (n: number | null, unit: (v: number) => string) => (n === null ? 'none' : unit(n));
+  lines.push(
+    `total: spent ${totals.spentTokens} tokens ${usd(totals.spentMicroUsd)}; reserved now ${totals.reservedTokens} tokens ${usd(totals.reservedMicroUsd)}; budgets maxTokens ${limit(totals.maxTokens, String)}, maxCostUsd ${limit(totals.maxMicroUsd, (v) => usd(v).slice(1))}`,
+  );
+  return lines;
+}
+
+function reconciledAs(outcome: string): string {
+  switch (outcome) {
+    case 'usage':
+      return "usage (the provider's)";
+    case 'baseline':
+      return 'baseline (sent, no reply)';
+    default:
+      return 'nothing sent';
+  }
 }

@@ -60,6 +60,36 @@ describe('flujo run with an agent step', () => {
     expect(model.requestCount).toBe(1);
   });
 
+  it('flujo usage shows each model call: reserved, spent, how it was reconciled; --json too', async () => {
+    model.enqueue({ text: 'Counted.', usage: { prompt_tokens: 42, completion_tokens: 7 } });
+    const runId = `usage-${randomUUID().slice(0, 8)}`;
+    const run = await flujo(
+      ['run', 'test/fixtures/jobs/agent.ts', '--prefix', prefix, '--run-id', runId],
+      { MODEL_URL: model.url },
+    );
+    expect(run.code).toBe(0);
+    const human = await flujo(['usage', runId, '--prefix', prefix], {});
+    expect(human.code).toBe(0);
+    const lines = human.stdout.trim().split('\n');
+    expect(lines[0]).toMatch(/^STEP\s+TURN\s+RESERVED\s+SPENT\s+COST\s+RECONCILED\s+AT$/);
+    expect(lines[1]).toMatch(
+      /^ask\s+0\s+\d+ tok \$0\.000000\s+42\+7 tok\s+\$0\.000000\s+usage \(the provider's\)/,
+    );
+    expect(lines[2]).toMatch(/^total: spent 49 tokens \$0\.000000; reserved now 0 tokens/);
+    const json = await flujo(['usage', runId, '--prefix', prefix, '--json'], {});
+    const usage = JSON.parse(json.stdout) as {
+      reservations: { turn: number; outcome: string; charged: { tokens: number } }[];
+      totals: { spentTokens: number };
+    };
+    expect(usage.reservations).toMatchObject([
+      { turn: 0, outcome: 'usage', charged: { tokens: 49 } },
+    ]);
+    expect(usage.totals.spentTokens).toBe(49);
+    const unknown = await flujo(['usage', 'no-such-run', '--prefix', prefix], {});
+    expect(unknown.code).toBe(2);
+    expect(unknown.stderr).toMatch(/no-such-run/);
+  });
+
   it('refuses a module whose agent step names an agent it does not define, writing nothing', async () => {
     const r = await flujo(['run', 'test/fixtures/jobs/agent-unknown.ts', '--prefix', prefix], {});
     expect(r.code).toBe(2);

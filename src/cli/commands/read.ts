@@ -1,8 +1,8 @@
-/** `flujo status`, `flujo events` and `flujo ledger`: reading a run (no job module needed). */
+/** `flujo status`, `events`, `ledger` and `usage`: reading a run (no job module needed). */
 import { checkRunId, connect, type Connection } from '../connect.js';
 import type { Ctx } from '../context.js';
 import { ExitCode, badInput } from '../exit-codes.js';
-import { eventLine, exitCodeOf, ledgerLines, statusLines } from '../render.js';
+import { eventLine, exitCodeOf, ledgerLines, statusLines, usageLines } from '../render.js';
 
 /** Connects for a command about the existing run `runId` (nothing is written if it does not exist). */
 export async function withRun(
@@ -70,6 +70,18 @@ export async function cmdLedgerList(ctx: Ctx): Promise<number> {
     const entries = await conn.runtime().ledger(runId);
     if (ctx.values.json === true) console.log(JSON.stringify(entries));
     else for (const line of ledgerLines(entries)) console.log(line);
+    return ExitCode.ok;
+  });
+}
+
+/** `flujo usage <runId> [--json]`: the run's model usage, reservation by reservation. */
+export async function cmdUsage(ctx: Ctx): Promise<number> {
+  const runId = checkRunId(ctx.args[0], 'flujo usage <runId>');
+  noMoreArgs(ctx, 1);
+  return withRun(ctx, runId, async (conn) => {
+    const usage = await conn.runtime().usage(runId);
+    if (ctx.values.json === true) console.log(JSON.stringify(usage));
+    else for (const line of usageLines(usage)) console.log(line);
     return ExitCode.ok;
   });
 }
