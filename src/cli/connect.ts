@@ -175,7 +175,13 @@ export async function connect(options: ConnectOptions): Promise<Connection> {
         logger: createCliLogger(),
         ...(job === undefined
           ? {}
-          : { operators: job.operators, tools: job.tools, agents: job.agents }),
+          : {
+              operators: job.operators,
+              tools: job.tools,
+              agents: job.agents,
+              strictPricing: job.strictPricing,
+              ...(job.pricing === undefined ? {} : { pricing: job.pricing }),
+            }),
       });
       return runtime;
     },

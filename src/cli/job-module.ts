@@ -16,7 +16,7 @@
  *   export const agents = () => [defineAgent({ name: 'writer', provider: { baseURL: url! }, … })];
  */
 import { mkdirSync, statSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import type { Operator } from '../actors/execute-step.js';
 import { PlanValidationError } from '../errors.js';
@@ -28,6 +28,7 @@ import type { AgentDefinition } from '../agents/define-agent.js';
 import type { Runtime } from '../runtime.js';
 import { createToolRegistry } from '../tools/registry.js';
 import { badInput } from './exit-codes.js';
+import { loadPricingFile, parsePricing, type PricingTable } from '../llm/pricing.js';
 
 /** What `setup` receives. */
 export interface SetupContext {
@@ -60,6 +61,10 @@ export interface JobModule {
   /** The module's default run input, if it exports one. */
   input: JsonValue | undefined;
   setup: ((ctx: SetupContext) => Promise<void | Teardown> | void | Teardown) | undefined;
+  /** Prices per model: the module's `pricing` (a table, or a JSON file beside it). */
+  pricing: PricingTable | undefined;
+  /** The module's `strictPricing`: a model without a price is refused before any request. */
+  strictPricing: boolean;
 }
 
 const isRecord = (v: unknown): v is Record<string, unknown> =>
@@ -153,6 +158,11 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
       `job module ${name}: setup must be a function, e.g. \`export async function setup({ dataDir }) { … }\``,
     );
   }
+  const pricing = await checkPricing(name, file, mod['pricing']);
+  const strictPricing = mod['strictPricing'];
+  if (strictPricing !== undefined && typeof strictPricing !== 'boolean') {
+    badInput(`job module ${name}: strictPricing must be true or false`);
+  }
   return {
     path,
     file,
@@ -163,7 +173,24 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
     agentsBuilder,
     input: input as JsonValue | undefined,
     setup: setup as JobModule['setup'],
+    pricing,
+    strictPricing: strictPricing === true,
   };
+}
+
+/** The module's `pricing`: a table, or the path of a JSON file relative to the module. */
+async function checkPricing(
+  name: string,
+  file: string,
+  value: unknown,
+): Promise<PricingTable | undefined> {
+  if (value === undefined) return undefined;
+  try {
+    if (typeof value === 'string') return await loadPricingFile(resolve(dirname(file), value));
+    return parsePricing(value, `job module ${name}: pricing`);
+  } catch (error) {
+    return badInput(firstLine(error));
+  }
 }
 
 function checkOperators(name: string, value: unknown): Record<string, Operator> {

@@ -49,6 +49,9 @@ Job module (run, resume, worker): an ES module (.js, .mjs or .ts; it imports the
   input       the default run input; --input overrides it (optional)
   setup       async ({ dataDir }) => teardown? (optional): called once before run, resume and
               worker, e.g. to start a local service; the function it returns is called on exit
+  pricing     { models: { "<model>": { inputPerMillion, outputPerMillion } } } in USD, or the
+              path of such a JSON file beside the module (optional)
+  strictPricing  true: a model without a price fails its step before any request (optional)
 The other commands need no job module: the plan is stored with the run.
 
 Redis: --redis URL, else REDIS_URL, else an embedded redis-server with AOF, its data in

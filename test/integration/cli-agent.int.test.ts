@@ -90,6 +90,34 @@ describe('flujo run with an agent step', () => {
     expect(unknown.stderr).toMatch(/no-such-run/);
   });
 
+  it('prices model calls from the pricing file a job module names; strict pricing refuses an unpriced model', async () => {
+    model.enqueue({ text: 'Priced.', usage: { prompt_tokens: 1000, completion_tokens: 500 } });
+    const priced = `priced-${randomUUID().slice(0, 8)}`;
+    const job = 'test/fixtures/jobs/agent-priced.ts';
+    const run = await flujo(['run', job, '--prefix', prefix, '--run-id', priced], {
+      MODEL_URL: model.url,
+    });
+    expect(run.code).toBe(0);
+    const usage = await flujo(['usage', priced, '--prefix', prefix, '--json'], {});
+    // 1000 × 0.15 + 500 × 0.6 micro-USD.
+    expect(JSON.parse(usage.stdout)).toMatchObject({ totals: { spentMicroUsd: 450 } });
+
+    const seen = model.requestCount;
+    const unpriced = `unpriced-${randomUUID().slice(0, 8)}`;
+    const refused = await flujo(['run', job, '--prefix', prefix, '--run-id', unpriced], {
+      MODEL_URL: model.url,
+      MODEL: 'llama-3-8b',
+    });
+    expect(refused.code).toBe(1);
+    expect(refused.stdout).toContain('pricing_not_configured');
+    expect(model.requestCount).toBe(seen);
+
+    const bad = await flujo(['run', job, '--prefix', prefix], { PRICING: './pricing-bad.json' });
+    expect(bad.code).toBe(2);
+    expect(bad.stderr.trim().split('\n')).toHaveLength(1);
+    expect(bad.stderr).toMatch(/pricing-bad\.json.*models\["gpt-4o-mini"\]\.inputPerMillion/);
+  });
+
   it('refuses a module whose agent step names an agent it does not define, writing nothing', async () => {
     const r = await flujo(['run', 'test/fixtures/jobs/agent-unknown.ts', '--prefix', prefix], {});
     expect(r.code).toBe(2);
