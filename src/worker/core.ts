@@ -27,7 +27,14 @@ import { createSnapshotStore, type SnapshotStore } from '../persistence/snapshot
 import type { PlannedAction } from '../machines/types.js';
 import type { RunEvent } from '../schemas/events.js';
 import { createToolRegistry, type ToolRegistry } from '../tools/registry.js';
-import { dueJobs, JobName, deadlineJobId, type JobData, type JobSpec } from './jobs.js';
+import {
+  dueJobs,
+  JobName,
+  deadlineJobId,
+  plannedJobs,
+  type JobData,
+  type JobSpec,
+} from './jobs.js';
 
 /** Options shared by the runtime and its workers. */
 export interface CoreOptions {
@@ -223,6 +230,20 @@ export class RuntimeCore {
   /** Adds every job the run's snapshot says is due (ids make repeats harmless). */
   async enqueueDue(runId: string, snapshot: RunSnapshot): Promise<void> {
     const jobs = dueJobs(runId, snapshot, this.clock());
+    if (jobs.length > 0) await this.add(jobs);
+    if (snapshot.status !== 'active' || snapshot.value === 'failed') {
+      await this.redis.srem(this.keys.activeRuns(), runId);
+    }
+  }
+
+  /**
+   * After a commit: adds the units its transition planned (a refused event changed nothing, so
+   * then what the snapshot says is due is added, as after any guard).
+   */
+  async enqueuePlanned(runId: string, applied: AppliedEvent): Promise<void> {
+    const { snapshot } = applied.envelope;
+    if (!applied.committed) return this.enqueueDue(runId, snapshot);
+    const jobs = plannedJobs(runId, snapshot, applied.transition.planned, this.clock());
     if (jobs.length > 0) await this.add(jobs);
     if (snapshot.status !== 'active' || snapshot.value === 'failed') {
       await this.redis.srem(this.keys.activeRuns(), runId);

@@ -1,4 +1,5 @@
 import { runSteps, type RunSnapshot } from '../machines/kernel.js';
+import type { PlannedAction } from '../machines/types.js';
 
 /** The kinds of BullMQ job that drive runs: one unit of work each. */
 export const JobName = {
@@ -85,6 +86,46 @@ export function dueJobs(runId: string, snapshot: RunSnapshot, now: number): JobS
           jobId: retryJobId(runId, step.stepId, attempt),
           delay: Math.max(0, step.retryAt - now),
         },
+      });
+    }
+  }
+  return jobs;
+}
+
+/**
+ * The units of work a transition planned: what became due with one commit. After a commit whose
+ * transition is known this is all that is new (a unit that was already due has its job, or heals
+ * through the guard of a redelivered job), so the snapshot need not be walked again.
+ */
+export function plannedJobs(
+  runId: string,
+  snapshot: RunSnapshot,
+  planned: readonly PlannedAction[],
+  now: number,
+): JobSpec[] {
+  const jobs: JobSpec[] = [];
+  for (const p of planned) {
+    if (p.type === 'step.execute') {
+      const context = snapshot.children[p.stepId]?.snapshot.context;
+      if (context?.granular === true) {
+        const turn = context.agent?.turns ?? 0;
+        jobs.push({
+          name: JobName.turn,
+          data: { runId, stepId: p.stepId, attempt: p.attempt, turn },
+          opts: { jobId: turnJobId(runId, p.stepId, p.attempt, turn) },
+        });
+      } else {
+        jobs.push({
+          name: JobName.step,
+          data: { runId, stepId: p.stepId, attempt: p.attempt },
+          opts: { jobId: stepJobId(runId, p.stepId, p.attempt) },
+        });
+      }
+    } else if (p.type === 'step.scheduleRetry') {
+      jobs.push({
+        name: JobName.retry,
+        data: { runId, stepId: p.stepId, attempt: p.attempt },
+        opts: { jobId: retryJobId(runId, p.stepId, p.attempt), delay: Math.max(0, p.at - now) },
       });
     }
   }

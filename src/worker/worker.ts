@@ -16,7 +16,6 @@ import { JobName, type JobData } from './jobs.js';
 /** A job's step attempt, admitted to run. */
 interface Admitted {
   env: SnapshotEnvelope<RunSnapshot>;
-  all: StepState[];
   state: StepState;
   meta: RunMeta;
   step: PlanStep;
@@ -180,8 +179,9 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
   async function admit(data: JobData): Promise<Admitted | string> {
     const { runId } = data;
     const env = await core.host.load(runId);
-    const all = runSteps(env.snapshot);
-    const state = all.find((s) => s.stepId === data.stepId);
+    const child = env.snapshot.children[data.stepId!]?.snapshot;
+    const state: StepState | undefined =
+      child === undefined ? undefined : { ...child.context, status: child.value };
     if (state === undefined || state.status !== 'RUNNING' || state.attempt !== data.attempt) {
       await core.enqueueDue(runId, env.snapshot);
       return 'already-done';
@@ -197,13 +197,15 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       });
       return 'budget';
     }
-    const used = all.reduce((n, s) => n + s.attempt, 0);
-    if (budgets?.maxSteps !== undefined && used > budgets.maxSteps) {
-      await stopForBudget(runId, env, { budget: 'maxSteps', limit: budgets.maxSteps, used });
-      return 'budget';
+    if (budgets?.maxSteps !== undefined) {
+      const used = runSteps(env.snapshot).reduce((n, s) => n + s.attempt, 0);
+      if (used > budgets.maxSteps) {
+        await stopForBudget(runId, env, { budget: 'maxSteps', limit: budgets.maxSteps, used });
+        return 'budget';
+      }
     }
     const step = meta.plan.steps.find((s) => s.id === data.stepId)!;
-    return { env, all, state, meta, step };
+    return { env, state, meta, step };
   }
 
   /** Runs `work` as the attempt's execution: aborted by a run cancel or the job's own signal. */
@@ -242,13 +244,13 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
   ): Promise<string | { retryAfterMs: number }> {
     const admitted = await admit(data);
     if (typeof admitted === 'string') return admitted;
-    const { env, all, state, meta, step } = admitted;
+    const { env, state, meta, step } = admitted;
     const { runId } = data;
     const stepId = data.stepId!;
     const attempt = data.attempt!;
     const depOutputs: Record<string, JsonValue> = {};
     for (const d of step.dependsOn) {
-      const out = all.find((s) => s.stepId === d)?.output;
+      const out = env.snapshot.children[d]?.snapshot.context.output;
       if (out !== undefined && out !== null) depOutputs[d] = out;
     }
     const result = await guarded(runId, stepId, attempt, jobSignal, (signal) =>
@@ -275,7 +277,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
         : failed(stepId, attempt, result.error);
     const applied = await core.host.apply(runId, event, env);
     debugPoint(DebugPoint.afterCommit, stepId);
-    await core.enqueueDue(runId, applied.envelope.snapshot);
+    await core.enqueuePlanned(runId, applied);
     await afterCommit(runId, meta, applied.transition.status);
     return result.kind;
   }
