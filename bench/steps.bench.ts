@@ -155,8 +155,11 @@ async function measure(appendfsync: 'everysec' | 'always'): Promise<number> {
       chain32: [], // steps/s, BullMQ chains, concurrency 32
       flujo32: [], // steps/s, flujo, concurrency 32
     };
-    await bullmqChains(server.url, 20, 1); // warm-up
+    // Warm-up of both paths, at both concurrencies, so every figure below is of warm code.
+    await bullmqChains(server.url, 20, 1);
     await flujoRuns(server.url, 5, 1);
+    await bullmqChains(server.url, PAR_RUNS, CONCURRENCY);
+    await flujoRuns(server.url, PAR_RUNS, CONCURRENCY);
     for (let rep = 0; rep < REPS; rep++) {
       rows.chain1!.push((await bullmqChains(server.url, SEQ_RUNS, 1)) / (SEQ_RUNS * STEPS));
       rows.cas!.push((await bareCas(server.url, 2000)) / 1000);

@@ -305,6 +305,7 @@ export async function executeStep(
             `no operator "${name}" is registered in this worker (step "${step.id}"); register it with runtime.operator("${name}", fn). Registered: ${known}`,
           );
         }
+        let key: string | undefined;
         return await op({
           input,
           runInput,
@@ -313,7 +314,10 @@ export async function executeStep(
           stepId: step.id,
           attempt: state.attempt,
           tenantId,
-          idempotencyKey: stepIdempotencyKey(tenantId, runId, step, input),
+          // A hash of canonical JSON: computed when the operator asks for it.
+          get idempotencyKey() {
+            return (key ??= stepIdempotencyKey(tenantId, runId, step, input));
+          },
           signal,
           tools: stepTools(deps, {
             runId,

@@ -23,11 +23,13 @@ export const DebugPoint = {
 export type DebugPoint = (typeof DebugPoint)[keyof typeof DebugPoint];
 
 const passes = new Map<string, number>();
+// Read once: the points are on hot paths, and a process is told where to die when it starts.
+const TARGET = process.env['FLUJO_KILL_AT'] ?? '';
 
 /** Kills the process here if `FLUJO_KILL_AT` names this point (and pass). Otherwise does nothing. */
 export function debugPoint(name: DebugPoint, scope?: string): void {
-  const target = process.env['FLUJO_KILL_AT'];
-  if (target === undefined || target === '') return;
+  const target = TARGET;
+  if (target === '') return;
   const [wanted, nth] = target.split('@');
   const label = scope === undefined ? name : `${name}:${scope}`;
   if (wanted !== name && wanted !== label) return;
