@@ -140,6 +140,21 @@ export type TurnOutcome =
   | { kind: 'failed'; error: SerializedError }
   | { kind: 'budget'; error: BudgetExceededError };
 
+/**
+ * What an agent step is asked: its input (the plan's `input` for the step, else the run's), and,
+ * when it depends on steps that produced something, `{ input, results: { <stepId>: output } }`, so
+ * the agent works from what came before it. Part of the fingerprint, like any input.
+ */
+export function agentInput(
+  step: AgentStep,
+  runInput: JsonValue,
+  depOutputs: Readonly<Record<string, JsonValue>>,
+): JsonValue {
+  const input = step.input === undefined ? runInput : step.input;
+  if (Object.keys(depOutputs).length === 0) return input;
+  return { input, results: { ...depOutputs } };
+}
+
 /** The registered agent an agent step names; `ConfigurationError` naming the fix when there is none. */
 function resolveAgent(deps: StepExecutionDeps, step: AgentStep): AgentDefinition {
   const agent = deps.agents.get(step.agent);
@@ -170,6 +185,8 @@ export async function executeTurn(
     runId: string;
     tenantId: string;
     runInput: JsonValue;
+    /** Outputs of the steps this one depends on, by step id. */
+    depOutputs: Record<string, JsonValue>;
     turn: number;
     signal: AbortSignal;
     journaled?: Promise<ModelReply | null>;
@@ -192,7 +209,7 @@ export async function executeTurn(
       {
         agent,
         step,
-        input: step.input === undefined ? args.runInput : step.input,
+        input: agentInput(step, args.runInput, args.depOutputs),
         runId,
         tenantId,
         attempt: state.attempt,
@@ -287,7 +304,7 @@ export async function executeStep(
           {
             agent,
             step,
-            input,
+            input: agentInput(step, runInput, depOutputs),
             runId,
             tenantId,
             attempt: state.attempt,

@@ -13,6 +13,16 @@ import { abortMessage, type RunMeta, type RuntimeCore } from './core.js';
 import { HistoryCache } from './history-cache.js';
 import { JobName, type JobData } from './jobs.js';
 
+/** What the steps `ids` produced (those that produced something), by step id. */
+function outputsOf(snapshot: RunSnapshot, ids: readonly string[]): Record<string, JsonValue> {
+  const out: Record<string, JsonValue> = {};
+  for (const d of ids) {
+    const output = snapshot.children[d]?.snapshot.context.output;
+    if (output !== undefined && output !== null) out[d] = output;
+  }
+  return out;
+}
+
 /** A job's step attempt, admitted to run. */
 interface Admitted {
   env: SnapshotEnvelope<RunSnapshot>;
@@ -248,11 +258,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     const { runId } = data;
     const stepId = data.stepId!;
     const attempt = data.attempt!;
-    const depOutputs: Record<string, JsonValue> = {};
-    for (const d of step.dependsOn) {
-      const out = env.snapshot.children[d]?.snapshot.context.output;
-      if (out !== undefined && out !== null) depOutputs[d] = out;
-    }
+    const depOutputs = outputsOf(env.snapshot, step.dependsOn);
     const result = await guarded(runId, stepId, attempt, jobSignal, (signal) =>
       executeStep(depsFor(meta), {
         step,
@@ -324,6 +330,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
         runId,
         tenantId: meta.tenantId,
         runInput: meta.input,
+        depOutputs: outputsOf(env.snapshot, step.dependsOn),
         turn,
         journaled,
         signal,

@@ -180,6 +180,31 @@ describe('granular agent steps', () => {
     expect(events.find((e) => e.type === 'step.succeeded')?.version).toBe(last.version);
   });
 
+  it('an agent step is given the outputs of the steps it depends on, in both modes', async () => {
+    await start(agentWith());
+    runtime.operator('gather', () => ({ facts: ['journals', 'ledgers'] }));
+    for (const mode of ['granular', 'atomic'] as const) {
+      model.reset();
+      model.enqueue({ text: `Done (${mode}).` });
+      const run = await runtime.start(
+        {
+          name: 'with-deps',
+          steps: [
+            { id: 'gather', kind: 'operator', operator: 'gather' },
+            { id: 'research', kind: 'agent', agent: 'researcher', mode, dependsOn: ['gather'] },
+          ],
+        },
+        'What do durable agents keep?',
+      );
+      expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
+      const user = model.requests[0]!.messages.find((m) => m.role === 'user');
+      expect(JSON.parse(String(user?.content))).toEqual({
+        input: 'What do durable agents keep?',
+        results: { gather: { facts: ['journals', 'ledgers'] } },
+      });
+    }
+  });
+
   it('runs parallel tool calls of one reply in order, each once, answered by id', async () => {
     await start(agentWith());
     model.enqueue(
