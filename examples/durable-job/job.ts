@@ -36,9 +36,9 @@ export const input = { to: 'docs-team@tidewater.example' };
 const retry = { maxAttempts: 4, initialDelayMs: 250, backoffCoefficient: 2, maxDelayMs: 5000 };
 
 /**
- * What the report step asks its agent. An agent step's input comes from the plan (or the run
- * input), not from the steps before it, so the agent reads the crawled pages with its read_pages
- * tool rather than from the crawl step's output.
+ * What the report step asks its agent. The agent is also given the crawl step's output (an agent
+ * step gets `{ input, results }` from the steps it depends on): the pages' titles and sizes; it
+ * reads the pages' text with its read_pages tool.
  */
 export const REPORT_TASK =
   'Draft a short report on the Tidewater docs for the docs team: read the pages with read_pages, then write one opening sentence with the number of pages, and one line per page ("- <title>: <what the page says, in one sentence>"). Plain text, no markdown headings.';
