@@ -18,7 +18,7 @@ import type { AgentStep } from '../plan/schema.js';
 import type { FingerprintStore } from '../persistence/fingerprint-store.js';
 import type { ModelJournal } from '../persistence/model-journal.js';
 import { MaxTurnsExceededError } from '../errors.js';
-import { runToolCalls, type ToolRunDeps } from './agent-tools.js';
+import { runToolCalls, type ToolRunContext, type ToolRunDeps } from './agent-tools.js';
 import type { ModelContext } from './model-context.js';
 import type { RunUsageBudget, UsageMeter } from './usage-meter.js';
 
@@ -112,7 +112,7 @@ export async function runAtomicAgent(
   deps: AgentLoopDeps,
   args: AgentStepArgs,
 ): Promise<AgentResult> {
-  const { agent, step, runId, tenantId, attempt, signal } = args;
+  const { step } = args;
   const messages: ChatMessage[] = [userMessage(args.input)];
   const usage = { promptTokens: 0, completionTokens: 0 };
   let toolCalls = 0;
@@ -124,21 +124,7 @@ export async function runAtomicAgent(
     if (calls.length === 0) {
       return { answer: reply.message.content, turns: turn + 1, toolCalls, usage };
     }
-    const results = await runToolCalls(
-      deps,
-      {
-        agent,
-        runId,
-        stepId: step.id,
-        tenantId,
-        attempt,
-        turn,
-        enforceIdempotency: step.enforceIdempotency,
-        mode: 'atomic',
-        signal,
-      },
-      calls,
-    );
+    const results = await runToolCalls(deps, toolContext(args, turn, 'atomic'), calls);
     toolCalls += calls.length;
     messages.push(...results);
   }
@@ -228,7 +214,7 @@ export interface TurnResult {
  * commits: a failure leaves the committed history and turn as they were.
  */
 export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResult> {
-  const { agent, step, runId, tenantId, attempt, signal, turn, cursor } = args;
+  const { agent, step, runId, tenantId, turn, cursor } = args;
   const current = stepFingerprint(agent, step, args.input);
   if (args.fingerprint !== null && args.fingerprint !== current.hash) {
     const stored = await deps.fingerprints.get(runId, step.id);
@@ -274,24 +260,31 @@ export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResu
       },
     };
   }
-  const results = await runToolCalls(
-    deps,
-    {
-      agent,
-      runId,
-      stepId: step.id,
-      tenantId,
-      attempt,
-      turn,
-      enforceIdempotency: step.enforceIdempotency,
-      mode: 'granular',
-      signal,
-    },
-    calls,
-  );
+  const results = await runToolCalls(deps, toolContext(args, turn, 'granular'), calls);
   debugPoint(DebugPoint.afterTools, `${step.id}:${turn}`);
   added.push(...results);
   return { messages: added, fingerprint: current.hash, final: null };
+}
+
+/** Where the tool calls of turn `turn` of the step run. */
+function toolContext(
+  args: AgentStepArgs,
+  turn: number,
+  mode: 'atomic' | 'granular',
+): ToolRunContext {
+  const { agent, runId, step, tenantId, attempt, signal } = args;
+  const enforceIdempotency = step.enforceIdempotency;
+  return {
+    agent,
+    runId,
+    stepId: step.id,
+    tenantId,
+    attempt,
+    turn,
+    enforceIdempotency,
+    mode,
+    signal,
+  };
 }
 
 function totalUsage(replies: readonly (ModelReply | null)[]): AgentResult['usage'] {

@@ -28,6 +28,31 @@ local function save(e, now)
   redis.call('HSET', KEYS[1], ARGV[1], raw)
   return raw
 end
+-- Takes the lease of entry e (raw: as stored) for a new run, or says why not: what markRunning
+-- and begin share.
+local function take_lease(e, raw, lease_ms, rerun, now)
+  if e.state == 'SUCCEEDED' then return reply('succeeded', raw, now) end
+  if e.state == 'RUNNING' then
+    if not expired(e, now) then return reply('busy', raw, now) end
+    if not rerun then
+      e.state = 'IN_DOUBT'
+      e.leaseUntil = cjson.null
+      return reply('in_doubt', save(e, now), now)
+    end
+  elseif e.state == 'IN_DOUBT' then
+    if not rerun then return reply('in_doubt', raw, now) end
+  elseif e.state == 'FAILED' then
+    local ok, err = pcall(cjson.decode, e.error)
+    if not (ok and type(err) == 'table' and err.retryable == true) then
+      return reply('failed', raw, now)
+    end
+  end
+  e.state = 'RUNNING'
+  e.runs = e.runs + 1
+  e.leaseUntil = now + tonumber(lease_ms)
+  e.error = cjson.null
+  return reply('running', save(e, now), now)
+end
 `;
 
 /*
@@ -71,29 +96,7 @@ const MARK_RUNNING = `
 local now = now_ms(ARGV[4])
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then return reply('missing', nil, now) end
-local e = cjson.decode(raw)
-local rerun = ARGV[3] == '1'
-if e.state == 'SUCCEEDED' then return reply('succeeded', raw, now) end
-if e.state == 'RUNNING' then
-  if not expired(e, now) then return reply('busy', raw, now) end
-  if not rerun then
-    e.state = 'IN_DOUBT'
-    e.leaseUntil = cjson.null
-    return reply('in_doubt', save(e, now), now)
-  end
-elseif e.state == 'IN_DOUBT' then
-  if not rerun then return reply('in_doubt', raw, now) end
-elseif e.state == 'FAILED' then
-  local ok, err = pcall(cjson.decode, e.error)
-  if not (ok and type(err) == 'table' and err.retryable == true) then
-    return reply('failed', raw, now)
-  end
-end
-e.state = 'RUNNING'
-e.runs = e.runs + 1
-e.leaseUntil = now + tonumber(ARGV[2])
-e.error = cjson.null
-return reply('running', save(e, now), now)
+return take_lease(cjson.decode(raw), raw, ARGV[2], ARGV[3] == '1', now)
 `;
 
 /*
@@ -118,28 +121,7 @@ else
   e.seq = redis.call('HLEN', KEYS[1]) + 1
   e.createdAt = now
 end
-local rerun = ARGV[6] == '1'
-if e.state == 'SUCCEEDED' then return reply('succeeded', raw, now) end
-if e.state == 'RUNNING' then
-  if not expired(e, now) then return reply('busy', raw, now) end
-  if not rerun then
-    e.state = 'IN_DOUBT'
-    e.leaseUntil = cjson.null
-    return reply('in_doubt', save(e, now), now)
-  end
-elseif e.state == 'IN_DOUBT' then
-  if not rerun then return reply('in_doubt', raw, now) end
-elseif e.state == 'FAILED' then
-  local ok, err = pcall(cjson.decode, e.error)
-  if not (ok and type(err) == 'table' and err.retryable == true) then
-    return reply('failed', raw, now)
-  end
-end
-e.state = 'RUNNING'
-e.runs = e.runs + 1
-e.leaseUntil = now + tonumber(ARGV[5])
-e.error = cjson.null
-return reply('running', save(e, now), now)
+return take_lease(e, raw, ARGV[5], ARGV[6] == '1', now)
 `;
 
 /*

@@ -1,7 +1,13 @@
 import { randomInt } from 'node:crypto';
 import { DelayedError, Worker, type Job } from 'bullmq';
 import type { Redis } from 'ioredis';
-import { executeStep, executeTurn, type StepExecutionDeps } from '../actors/execute-step.js';
+import {
+  executeStep,
+  executeTurn,
+  type StepExecutionDeps,
+  type StepResult,
+  type TurnOutcome,
+} from '../actors/execute-step.js';
 import { MaxTurnsExceededError, RunNotFoundError, type SerializedError } from '../errors.js';
 import { debugPoint, DebugPoint } from '../internal/debug-points.js';
 import type { JsonValue } from '../internal/json.js';
@@ -239,6 +245,25 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     }
   }
 
+  /**
+   * What ends a job before its commit: a tool call whose lease another worker holds (come back
+   * later, without spending an attempt), or a budget hit (the run is stopped). Null otherwise.
+   */
+  async function endsEarly(
+    runId: string,
+    env: SnapshotEnvelope<RunSnapshot>,
+    result: StepResult | TurnOutcome,
+  ): Promise<string | { retryAfterMs: number } | null> {
+    if (result.kind === 'failed' && result.error.code === 'tool_call_busy') {
+      return { retryAfterMs: Math.max(50, result.error.retryAfterMs ?? 1000) };
+    }
+    if (result.kind === 'budget') {
+      await stopForBudget(runId, env, result.error.details as JsonValue);
+      return 'budget';
+    }
+    return null;
+  }
+
   const failed = (stepId: string, attempt: number, error: SerializedError): RunEvent => ({
     type: 'step.failed',
     stepId,
@@ -270,13 +295,8 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
         signal,
       }),
     );
-    if (result.kind === 'failed' && result.error.code === 'tool_call_busy') {
-      return { retryAfterMs: Math.max(50, result.error.retryAfterMs ?? 1000) };
-    }
-    if (result.kind === 'budget') {
-      await stopForBudget(runId, env, result.error.details as JsonValue);
-      return 'budget';
-    }
+    const early = await endsEarly(runId, env, result);
+    if (early !== null) return early;
     const event: RunEvent =
       result.kind === 'succeeded'
         ? { type: 'step.succeeded', stepId, attempt, output: result.output, at: core.clock() }
@@ -336,13 +356,8 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
         signal,
       }),
     );
-    if (outcome.kind === 'failed' && outcome.error.code === 'tool_call_busy') {
-      return { retryAfterMs: Math.max(50, outcome.error.retryAfterMs ?? 1000) };
-    }
-    if (outcome.kind === 'budget') {
-      await stopForBudget(runId, env, outcome.error.details as JsonValue);
-      return 'budget';
-    }
+    const early = await endsEarly(runId, env, outcome);
+    if (early !== null || outcome.kind === 'budget') return early ?? 'budget';
     if (outcome.kind === 'failed') {
       // A failed turn commits nothing of itself: the step fails (or is retried) where it stood.
       const applied = await core.host.apply(runId, failed(stepId, attempt, outcome.error), env);

@@ -4,7 +4,6 @@
  * test checks what the model was asked (the scripted server records every request), what the
  * tools did (the children's effect file), the ledger and the final answer.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -19,11 +18,8 @@ import {
   type ScriptedModelServer,
   type ScriptedReply,
 } from '../../src/testing/index.js';
+import { spawnAgentChild, type AgentChild } from '../helpers/agent-child.js';
 import { connect, deletePrefix, redisUrl, testPrefix } from '../helpers/redis.js';
-
-const ROOT = join(import.meta.dirname, '..', '..');
-const NODE = join(ROOT, 'node_modules', '.bin', 'node');
-const CHILD = join(ROOT, 'test', 'fixtures', 'agent-child.ts');
 
 const plan: PlanInput = {
   name: 'agent-crash',
@@ -60,52 +56,24 @@ const replies: ScriptedReply[] = [
   { text: 'Alpha and beta, noted twice.', usage: { prompt_tokens: 200, completion_tokens: 9 } },
 ];
 
-interface Child {
-  proc: ChildProcess;
-  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
-  stderr: () => string;
-}
-
 let model: ScriptedModelServer;
 let rt: Runtime;
 let prefix: string;
 let dir: string;
 let effectFile: string;
-const children = new Set<Child>();
+const children = new Set<AgentChild>();
 
-async function spawnChild(env: Record<string, string> = {}): Promise<Child> {
-  const proc = spawn(NODE, ['--import', 'tsx', CHILD], {
-    cwd: ROOT,
-    env: {
-      ...process.env,
-      REDIS_URL: redisUrl(),
-      FLUJO_PREFIX: prefix,
-      MODEL_URL: model.url,
-      EFFECT_FILE: effectFile,
-      RECOVERY_MS: '1000',
-      FLUJO_KILL_AT: '',
-      ...env,
-    },
-    stdio: ['ignore', 'pipe', 'pipe'],
+async function spawnChild(env: Record<string, string> = {}): Promise<AgentChild> {
+  const child = await spawnAgentChild({
+    REDIS_URL: redisUrl(),
+    FLUJO_PREFIX: prefix,
+    MODEL_URL: model.url,
+    EFFECT_FILE: effectFile,
+    RECOVERY_MS: '1000',
+    ...env,
   });
-  let stdout = '';
-  let stderr = '';
-  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
-    proc.on('close', (code, signal) => resolve({ code, signal })),
-  );
-  const child: Child = { proc, exited, stderr: () => stderr };
   children.add(child);
-  void exited.then(() => children.delete(child));
-  await new Promise<void>((resolve, reject) => {
-    proc.stdout.on('data', (chunk: Buffer) => {
-      stdout += chunk.toString();
-      if (stdout.includes('ready ')) resolve();
-    });
-    proc.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
-    void exited.then((e) =>
-      reject(new Error(`child exited before ready (${JSON.stringify(e)}): ${stderr}`)),
-    );
-  });
+  void child.exited.then(() => children.delete(child));
   return child;
 }
 

@@ -8,7 +8,6 @@
  * Each doomed child works with concurrency 1, so when it dies exactly one unit of work is in
  * flight, stopped at the chosen point; every other run sits between units, committed.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -22,11 +21,9 @@ import {
   type ScriptedModelServer,
   type ScriptedReply,
 } from '../../src/testing/index.js';
+import { spawnAgentChild, type AgentChild } from '../helpers/agent-child.js';
 import { connect, deletePrefix, redisUrl, testPrefix } from '../helpers/redis.js';
 
-const ROOT = join(import.meta.dirname, '..', '..');
-const NODE = join(ROOT, 'node_modules', '.bin', 'node');
-const CHILD = join(ROOT, 'test', 'fixtures', 'agent-child.ts');
 const RUNS = 50;
 const KILLS = 14;
 
@@ -91,33 +88,14 @@ let dir: string;
 // When set, the next request the model sees is held (a slow reply), so it can be cut in flight.
 let holdNext = false;
 
-function spawnChild(
-  env: Record<string, string>,
-): Promise<{ proc: ChildProcess; exited: Promise<unknown> }> {
-  const proc = spawn(NODE, ['--import', 'tsx', CHILD], {
-    cwd: ROOT,
-    env: {
-      ...process.env,
-      REDIS_URL: redisUrl(),
-      FLUJO_PREFIX: prefix,
-      MODEL_URL: model.url,
-      EFFECT_FILE: join(dir, 'effects.log'),
-      RECOVERY_MS: '600',
-      FLUJO_KILL_AT: '',
-      ...env,
-    },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  let stdout = '';
-  let stderr = '';
-  const exited = new Promise((resolve) => proc.on('close', resolve));
-  return new Promise((resolve, reject) => {
-    proc.stdout.on('data', (c: Buffer) => {
-      stdout += c.toString();
-      if (stdout.includes('ready ')) resolve({ proc, exited });
-    });
-    proc.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
-    void exited.then(() => reject(new Error(`child exited before ready: ${stderr}`)));
+function spawnChild(env: Record<string, string>): Promise<AgentChild> {
+  return spawnAgentChild({
+    REDIS_URL: redisUrl(),
+    FLUJO_PREFIX: prefix,
+    MODEL_URL: model.url,
+    EFFECT_FILE: join(dir, 'effects.log'),
+    RECOVERY_MS: '600',
+    ...env,
   });
 }
 
