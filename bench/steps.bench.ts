@@ -102,9 +102,10 @@ async function bareCas(url: string, n: number): Promise<number> {
 /**
  * flujo: `runs` 10-step runs, a worker of `concurrency`. With concurrency 1 the runs go one after
  * the other, and each is timed by its own events (created → finished). Otherwise, like the BullMQ
- * floor whose chain heads are all queued before its worker starts, every run is started first and
- * the time is from the worker's start to the last run's finish. Completion is detected with one
- * SCARD of the active-runs set, so waiting costs the worker nothing. Returns elapsed ms.
+ * floor (its worker is ready, then every chain head is queued at once), every run is started on a
+ * paused queue, the worker is started and ready, and the time runs from resuming the queue to the
+ * last run's finish. Completion is detected with one SCARD of the active-runs set, so waiting
+ * costs the worker nothing. Returns elapsed ms.
  */
 async function flujoRuns(url: string, runs: number, concurrency: number): Promise<number> {
   const runtime = createRuntime({ redis: url, prefix: `b${randomUUID().slice(0, 6)}` });
@@ -124,9 +125,12 @@ async function flujoRuns(url: string, runs: number, concurrency: number): Promis
       await idle();
     }
   } else {
+    await runtime.core.queue.pause();
     for (let i = 0; i < runs; i++) ids.push((await runtime.start(plan, null)).runId);
-    workerStart = Date.now();
     worker = runtime.createWorker({ concurrency, recoverOnStart: false });
+    await worker.ready();
+    workerStart = Date.now();
+    await runtime.core.queue.resume();
     await idle();
   }
   let last = 0;
