@@ -45,8 +45,11 @@ export const waitingSteps = (report: RunReport): string[] =>
 
 /** One progress line for a step state change, or null for other events. */
 export function progressLine(e: StoredRunEvent): string | null {
-  if (e.type !== 'step.changed') return null;
   const d = e.data as Record<string, unknown>;
+  if (e.type === 'turn.committed') {
+    return `  ${clock(d['at'])}  ${String(d['stepId'])}: turn ${Number(d['turn']) + 1} committed (history ${String(d['cursor'])} messages)`;
+  }
+  if (e.type !== 'step.changed') return null;
   const attempt = d['to'] === 'RUNNING' ? ` (attempt ${String(d['attempt'])})` : '';
   return `  ${clock(d['at'])}  ${String(d['stepId'])}: ${String(d['from'])} → ${String(d['to'])}${attempt}`;
 }
@@ -72,6 +75,9 @@ export function eventLine(e: StoredRunEvent): string {
       break;
     case 'step.succeeded':
       detail = `${s('stepId')} attempt ${s('attempt')}: ${preview(d['output'])}`;
+      break;
+    case 'turn.committed':
+      detail = `${s('stepId')} attempt ${s('attempt')} turn ${s('turn')}: history ${s('cursor')} messages`;
       break;
     case 'step.failed': {
       const err = (d['error'] ?? {}) as Record<string, unknown>;

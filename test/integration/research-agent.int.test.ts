@@ -111,6 +111,9 @@ describe('examples/research-agent through the flujo CLI', { timeout: 60_000 }, (
     const result = lines(r).find((l) => l.type === 'result');
     expect(result?.status).toBe('succeeded');
     expect(result?.summary?.produced['research']).toMatchObject({ turns: 4, toolCalls: 4 });
+    // The live progress shows each committed turn of the granular step.
+    const turns = lines(r).filter((l) => l.type === 'turn.committed');
+    expect(turns.map((l) => (l as unknown as { turn: number }).turn)).toEqual([0, 1, 2, 3]);
     expect(answerOf(r)).toContain('The colony survives winter as a group');
     expect(effectsOf(runId)).toEqual({
       notes: 1,

@@ -51,7 +51,9 @@ export async function drive(
     };
     for await (const e of runtime.events(runId, follow)) {
       if (options.json) {
-        if (e.type === 'step.changed') console.log(JSON.stringify(e.data));
+        if (e.type === 'step.changed' || e.type === 'turn.committed') {
+          console.log(JSON.stringify(e.data));
+        }
       } else {
         const line = progressLine(e);
         if (line !== null) console.log(line);
