@@ -193,6 +193,30 @@ export type { AgentDefinition, AgentSettings, AgentSpec } from './agents/define-
 export type { ChatMessage, ModelReply, ToolCall } from './llm/messages.js';
 export { AGENT_LOOP_DEFAULTS, Pipeline, Step, plan } from './plan/builders.js';
 
+// Usage: token estimates, prices, reservations and quotas; blobs of large tool results.
+export { createTokenCounter, encodingForModel, estimateRequest } from './llm/tokens.js';
+export type { RequestEstimate, TokenCounter, TokenEncoding } from './llm/tokens.js';
+export {
+  costMicroUsd,
+  loadPricingFile,
+  mergePricing,
+  parsePricing,
+  priceFor,
+  resolvePrice,
+} from './llm/pricing.js';
+export type { ModelPrice, PricingTable } from './llm/pricing.js';
+export { createQuotaStore, ReservationState } from './persistence/quota-store.js';
+export type {
+  QuotaStore,
+  ReconcileOutcome,
+  Reservation,
+  TenantQuota,
+  UsageTotals,
+} from './persistence/quota-store.js';
+export { blobRef, createBlobStore, parseBlobRefs } from './persistence/blob-store.js';
+export type { BlobStore, StoredBlob } from './persistence/blob-store.js';
+export { truncateMiddleOut, truncationPlaceholder } from './agents/truncate.js';
+
 // Agent turn storage: the model-reply journal and the append-only history.
 export { createModelJournal } from './persistence/model-journal.js';
 export { createHistoryStore } from './persistence/history.js';

@@ -113,11 +113,12 @@ async function settled(runId: string, timeoutMs = 20_000): Promise<RunReport> {
 async function crashAndResume(
   killAt: string,
   resumeEnv: Record<string, string> = {},
+  bothEnv: Record<string, string> = {},
 ): Promise<{ runId: string; report: RunReport }> {
   const runId = `run-${Math.random().toString(36).slice(2, 10)}`;
   // The run's input is its id, so the model's requests name the run they belong to.
   await rt.start(plan, runId, { runId });
-  const doomed = await spawnChild({ FLUJO_KILL_AT: killAt });
+  const doomed = await spawnChild({ ...bothEnv, FLUJO_KILL_AT: killAt });
   const exit = await Promise.race([
     doomed.exited,
     new Promise<'alive'>((r) => setTimeout(() => r('alive'), 15_000)),
@@ -126,7 +127,7 @@ async function crashAndResume(
     code: null,
     signal: 'SIGKILL',
   });
-  const resumer = await spawnChild(resumeEnv);
+  const resumer = await spawnChild({ ...bothEnv, ...resumeEnv });
   const report = await settled(runId);
   resumer.proc.kill('SIGTERM');
   await resumer.exited;
@@ -230,6 +231,37 @@ describe('granular agent steps across SIGKILL', () => {
     expect(byPid[2]).toMatchObject({ tool: 'search', args: { q: 'beta' } });
     expect(byPid[2]!.pid).not.toBe(first);
     expect(byPid).toHaveLength(4);
+  });
+
+  it('a large tool result is a blob in the history; a worker that resumes after a crash puts it back for the model', async () => {
+    // Turn 0's two searches return 50 KB each and are committed; then the worker dies.
+    const { runId, report } = await crashAndResume(
+      'after-commit:research:0',
+      {},
+      {
+        BIG_RESULT_BYTES: '50000',
+      },
+    );
+    expect(report.status).toBe('succeeded');
+    const history = await rt.core.history.read(runId, 'research');
+    const stored = history.filter(
+      (m) => m.role === 'tool' && (m.tool_call_id === 's1' || m.tool_call_id === 's2'),
+    );
+    expect(stored).toHaveLength(2);
+    for (const m of stored)
+      expect(m.content).toMatch(/^<<FL_BLOB_REF:[0-9a-f]{64}:size=500\d\d>>$/);
+    // The fresh worker read both blobs back for turn 1's request: the model saw the pages.
+    const turn1 = model.requests.find(
+      (r) => r.messages.find((m) => m.role === 'user')?.content === runId && turnOf(r) === 1,
+    );
+    const pages = turn1!.messages
+      .filter((m) => m.role === 'tool')
+      .map((m) => (JSON.parse(String(m.content)) as { page?: string }).page)
+      .filter((p) => p !== undefined);
+    expect(pages.map((p) => p?.length)).toEqual([50_000, 50_000]);
+    expect(pages[0]!.startsWith('alpha-0 ')).toBe(true);
+    expect(pages[1]!.startsWith('beta-0 ')).toBe(true);
+    expect(asked(runId)).toEqual([1, 1, 1]);
   });
 
   it('a changed system prompt between the crash and the resume fails the run, naming it; nothing runs', async () => {
