@@ -13,6 +13,7 @@ import type { AgentDefinition } from '../agents/define-agent.js';
 import { IDEMPOTENCY_KEY_ARG } from '../agents/tool-schema.js';
 import type { ChatMessage, ToolCall } from '../llm/messages.js';
 import type { Ledger } from '../persistence/ledger.js';
+import { blobReceipt, refOfReceipt } from '../persistence/blob-store.js';
 import { callTool } from '../tools/call-tool.js';
 import type { ToolDefinition } from '../tools/define-tool.js';
 
@@ -113,6 +114,19 @@ function checkTurnKey(
 }
 
 /**
+ * A result as the ledger records it when results are stored: over the threshold, the receipt
+ * stands for the blob (the bytes are kept once, in the blob store); otherwise the result itself.
+ */
+async function recordAs(
+  storeResult: (content: string) => Promise<string>,
+  result: JsonValue,
+): Promise<JsonValue> {
+  const content = JSON.stringify(result);
+  const stored = await storeResult(content);
+  return stored === content ? result : blobReceipt(stored);
+}
+
+/**
  * Runs the tool calls of one reply in order, each through the ledger (a recorded call returns its
  * receipt), and returns the tool messages answering them. A call whose arguments are not JSON is
  * answered with an error message the model can correct; a call of a tool the agent does not have
@@ -127,6 +141,7 @@ export async function runToolCalls(
   const tools = new Map(agent.tools.map((t) => [t.name, t]));
   const key = turnIdempotencyKey(runId, stepId, turn);
   const messages: ChatMessage[] = [];
+  const { storeResult } = deps;
   for (const [i, call] of calls.entries()) {
     if (i > 0) debugPoint(DebugPoint.betweenTools, `${stepId}:${turn}:${i}`);
     const tool = tools.get(call.name);
@@ -156,12 +171,15 @@ export async function runToolCalls(
       ...(context.mode === 'granular' ? { callId: turnCallId(runId, stepId, turn, call.id) } : {}),
       checkArgs: (parsed) => checkTurnKey(tool, parsed, key, context),
       ...(deps.beforeToolRun === undefined ? {} : { beforeRun: deps.beforeToolRun }),
+      ...(storeResult === undefined ? {} : { recordAs: (r) => recordAs(storeResult, r) }),
     });
-    const content = JSON.stringify(result.receipt);
+    const ref = refOfReceipt(result.receipt);
+    const content = ref ?? JSON.stringify(result.receipt);
     messages.push({
       role: 'tool',
       tool_call_id: call.id,
-      content: deps.storeResult === undefined ? content : await deps.storeResult(content),
+      content:
+        storeResult === undefined || ref !== undefined ? content : await storeResult(content),
     });
   }
   return messages;

@@ -148,6 +148,27 @@ export function isBlobRef(text: string): boolean {
   return WHOLE_REF.test(text);
 }
 
+/**
+ * The field of a ledger receipt that stands for a result stored as a blob: a granular step records
+ * `{ "$flujoBlob": "<<FL_BLOB_REF:…>>" }` instead of a result over its threshold, so the run keeps
+ * the result's bytes once (in the blob store), not twice (blob and ledger).
+ */
+export const BLOB_RECEIPT_FIELD = '$flujoBlob';
+
+/** The ledger receipt standing for the blob `ref` (see {@link BLOB_RECEIPT_FIELD}). */
+export function blobReceipt(ref: string): { [BLOB_RECEIPT_FIELD]: string } {
+  return { [BLOB_RECEIPT_FIELD]: ref };
+}
+
+/** The blob reference a receipt stands for, or undefined when it holds the result itself. */
+export function refOfReceipt(receipt: unknown): string | undefined {
+  if (typeof receipt !== 'object' || receipt === null || Array.isArray(receipt)) return undefined;
+  const fields = Object.keys(receipt);
+  if (fields.length !== 1 || fields[0] !== BLOB_RECEIPT_FIELD) return undefined;
+  const ref = (receipt as Record<string, unknown>)[BLOB_RECEIPT_FIELD];
+  return typeof ref === 'string' && WHOLE_REF.test(ref) ? ref : undefined;
+}
+
 /** The text that replaces the reference of a missing blob in degraded replay. */
 export function missingBlobMarker(id: string, size: number): string {
   return `[blob ${id} (${size} bytes) is no longer available]`;

@@ -58,6 +58,13 @@ export interface CallToolOptions {
    * e.g. to count it against a budget. Throwing here leaves the call PREPARED, with nothing run.
    */
   beforeRun?: () => Promise<void> | void;
+  /**
+   * The form a fresh result is recorded in (e.g. a large one as a blob reference); what it returns
+   * is the receipt, recorded and returned. When it throws, the result itself is recorded (the
+   * effect happened: the receipt must not be lost to a failed conversion).
+   * @defaultValue the result itself
+   */
+  recordAs?: (result: JsonValue) => Promise<JsonValue>;
 }
 
 /** What {@link callTool} returns. */
@@ -187,6 +194,13 @@ async function runOwned(
     const error = toFlujoError(thrown);
     await ledger.markFailed(runId, tenantId, callId, { ...error.toJSON(), retryable: false }, runs);
     throw error;
+  }
+  if (options.recordAs !== undefined) {
+    try {
+      receipt = await options.recordAs(receipt);
+    } catch {
+      // Recorded as it is; the caller meets the conversion's error again when it uses the receipt.
+    }
   }
   const { entry: after, applied } = await ledger.markSucceeded(
     runId,

@@ -315,6 +315,14 @@ describe('blobs and truncation', () => {
     const sent = model.requests[1]!.messages.find((m) => m.role === 'tool');
     expect(sent?.content).toBe(JSON.stringify({ q: 'big', text: words(50_000) }));
     expect(await runtime.core.redis.hget(runtime.core.keys.blobs(run.runId), 'count')).toBe('1');
+    // The ledger records the reference, not a second copy of the 50 KB.
+    const [entry, ...others] = await runtime.ledger(run.runId);
+    expect(others).toEqual([]);
+    expect(entry?.receipt).toEqual({ $flujoBlob: stored });
+    const ledgerKey = runtime.core.keys.ledger(run.runId, 'default');
+    const ledgerBytes = Number(await runtime.core.redis.call('MEMORY', 'USAGE', ledgerKey));
+    expect(ledgerBytes).toBeGreaterThan(0);
+    expect(ledgerBytes).toBeLessThan(5_000);
   });
 
   it('a missing blob fails fast, naming the blob and the step; degraded replay uses a marker', async () => {
