@@ -18,6 +18,7 @@ import type { Logger } from '../../src/logging.js';
 import { startScriptedModelServer, type ScriptedModelServer } from '../../src/testing/index.js';
 import { JobName } from '../../src/worker/jobs.js';
 import { connect, deletePrefix, redisUrl } from '../helpers/redis.js';
+import { heldTool } from '../helpers/held-tool.js';
 
 const sha256 = (text: string) => createHash('sha256').update(text).digest('hex');
 
@@ -231,17 +232,7 @@ describe('granular agent steps', () => {
 
   it('a redelivered job for a committed turn makes no model call and appends nothing; a gap writes nothing', async () => {
     await start(agentWith());
-    let release!: () => void;
-    const held = new Promise<void>((ok) => (release = ok));
-    const slow = defineTool({
-      name: 'slow',
-      input: z.object({}),
-      class: 'read_only',
-      run: async () => {
-        await held;
-        return 'ok';
-      },
-    });
+    const { tool: slow, release } = heldTool('slow');
     await worker.close();
     await runtime.close();
     await start(agentWith({ tools: [search, slow] }));

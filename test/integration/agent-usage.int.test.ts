@@ -20,6 +20,7 @@ import type { Logger } from '../../src/logging.js';
 import { startScriptedModelServer, type ScriptedModelServer } from '../../src/testing/index.js';
 import { JobName } from '../../src/worker/jobs.js';
 import { connect, deletePrefix, redisUrl } from '../helpers/redis.js';
+import { heldTool } from '../helpers/held-tool.js';
 
 let model: ScriptedModelServer;
 let runtime: Runtime;
@@ -177,17 +178,7 @@ describe('usage of agent steps', () => {
 
   it('the turn-skip path reserves and reconciles nothing', async () => {
     await start(agentWith());
-    let release!: () => void;
-    const held = new Promise<void>((ok) => (release = ok));
-    const slow = defineTool({
-      name: 'slow',
-      input: z.object({}),
-      class: 'read_only',
-      run: async () => {
-        await held;
-        return 'ok';
-      },
-    });
+    const { tool: slow, release } = heldTool('slow');
     await worker.close();
     await runtime.close();
     await start(agentWith({ tools: [search, slow] }));
@@ -333,17 +324,7 @@ describe('blobs and truncation', () => {
         model.reset();
         warnings = [];
       }
-      let release!: () => void;
-      const held = new Promise<void>((ok) => (release = ok));
-      const wait = defineTool({
-        name: 'wait',
-        input: z.object({}),
-        class: 'read_only',
-        run: async () => {
-          await held;
-          return 'ok';
-        },
-      });
+      const { tool: wait, release } = heldTool('wait');
       // No blob cache: the next turn reads the blob back from Redis, as a fresh worker would.
       await start(agentWith({ tools: [fetchPage, wait] }), { blobs: { cacheBytes: 0 } });
       model.enqueue(
