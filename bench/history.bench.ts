@@ -260,22 +260,12 @@ async function main(): Promise<void> {
       row('commit, turns 1–10', `${median(early).toFixed(3)} ms`, `(${spread(early)})`);
       row('commit, turns 191–200', `${median(late).toFixed(3)} ms`, `(${spread(late)})`);
       row('late / early commit', ratios[config].toFixed(3));
-      row(
-        'turn end to end, turns 1–10',
-        `${median(fs.map((f) => f.turnMsEarly)).toFixed(2)} ms`,
-        `(${spread(
-          fs.map((f) => f.turnMsEarly),
-          2,
-        )})`,
-      );
-      row(
-        'turn end to end, turns 191–200',
-        `${median(fs.map((f) => f.turnMsLate)).toFixed(2)} ms`,
-        `(${spread(
-          fs.map((f) => f.turnMsLate),
-          2,
-        )})`,
-      );
+      for (const [label, xs] of [
+        ['turn end to end, turns 1–10', fs.map((f) => f.turnMsEarly)],
+        ['turn end to end, turns 191–200', fs.map((f) => f.turnMsLate)],
+      ] as const) {
+        row(label, `${median(xs).toFixed(2)} ms`, `(${spread(xs, 2)})`);
+      }
       row('whole run', `${(median(fs.map((f) => f.ms)) / 1000).toFixed(2)} s`);
       const b = fs[0]!.redisBytes;
       const total = Object.values(b).reduce((x, y) => x + y, 0);
