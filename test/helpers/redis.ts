@@ -27,6 +27,17 @@ export async function deletePrefix(redis: Redis, prefix: string): Promise<void> 
   } while (cursor !== '0');
 }
 
+/** Deletes every key a runtime with key prefix `prefix` wrote: its own and its BullMQ queue's. */
+export async function deleteRuntimeKeys(prefix: string): Promise<void> {
+  const redis = connect();
+  try {
+    await deletePrefix(redis, prefix);
+    await deletePrefix(redis, `{${prefix}:q}`);
+  } finally {
+    redis.disconnect();
+  }
+}
+
 /** Every key under `prefix` with its contents: to assert that a refused write changed nothing. */
 export async function readPrefix(redis: Redis, prefix: string): Promise<Record<string, unknown>> {
   const out: Record<string, unknown> = {};

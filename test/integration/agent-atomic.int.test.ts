@@ -10,7 +10,7 @@ import {
   type Runtime,
 } from '../../src/index.js';
 import { startScriptedModelServer, type ScriptedModelServer } from '../../src/testing/index.js';
-import { connect, deletePrefix, redisUrl } from '../helpers/redis.js';
+import { deleteRuntimeKeys, redisUrl } from '../helpers/redis.js';
 
 describe('atomic agent steps', () => {
   let model: ScriptedModelServer;
@@ -53,10 +53,7 @@ describe('atomic agent steps', () => {
   afterEach(async () => {
     await worker.close();
     await runtime.close();
-    const redis = connect();
-    await deletePrefix(redis, prefix);
-    await deletePrefix(redis, `{${prefix}:q}`);
-    redis.disconnect();
+    await deleteRuntimeKeys(prefix);
   });
 
   const plan = (maxTurns = 5): PlanInput => ({

@@ -19,7 +19,7 @@ import {
   type ScriptedReply,
 } from '../../src/testing/index.js';
 import { spawnAgentChild, type AgentChild } from '../helpers/agent-child.js';
-import { connect, deletePrefix, redisUrl, testPrefix } from '../helpers/redis.js';
+import { deleteRuntimeKeys, redisUrl, testPrefix } from '../helpers/redis.js';
 
 const plan: PlanInput = {
   name: 'agent-crash',
@@ -153,10 +153,7 @@ afterEach(async () => {
   for (const child of children) child.proc.kill('SIGKILL');
   await Promise.all([...children].map((c) => c.exited));
   await rt.close();
-  const redis = connect();
-  await deletePrefix(redis, prefix);
-  await deletePrefix(redis, `{${prefix}:q}`);
-  redis.disconnect();
+  await deleteRuntimeKeys(prefix);
   await rm(dir, { recursive: true, force: true });
 });
 

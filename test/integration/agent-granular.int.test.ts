@@ -17,7 +17,7 @@ import { runSteps } from '../../src/machines/kernel.js';
 import type { Logger } from '../../src/logging.js';
 import { startScriptedModelServer, type ScriptedModelServer } from '../../src/testing/index.js';
 import { JobName } from '../../src/worker/jobs.js';
-import { connect, deletePrefix, redisUrl } from '../helpers/redis.js';
+import { deleteRuntimeKeys, redisUrl } from '../helpers/redis.js';
 import { heldTool } from '../helpers/held-tool.js';
 
 const sha256 = (text: string) => createHash('sha256').update(text).digest('hex');
@@ -109,10 +109,7 @@ describe('granular agent steps', () => {
   afterEach(async () => {
     await worker.close();
     await runtime.close();
-    const redis = connect();
-    await deletePrefix(redis, prefix);
-    await deletePrefix(redis, `{${prefix}:q}`);
-    redis.disconnect();
+    await deleteRuntimeKeys(prefix);
   });
 
   it('takes one turn per unit: journal, ledger per tool call id, one commit per turn', async () => {

@@ -19,7 +19,7 @@ import {
 import type { Logger } from '../../src/logging.js';
 import { startScriptedModelServer, type ScriptedModelServer } from '../../src/testing/index.js';
 import { JobName } from '../../src/worker/jobs.js';
-import { connect, deletePrefix, redisUrl } from '../helpers/redis.js';
+import { deleteRuntimeKeys, redisUrl } from '../helpers/redis.js';
 import { heldTool } from '../helpers/held-tool.js';
 
 let model: ScriptedModelServer;
@@ -104,10 +104,7 @@ beforeEach(() => {
 afterEach(async () => {
   await worker.close();
   await runtime.close();
-  const redis = connect();
-  await deletePrefix(redis, prefix);
-  await deletePrefix(redis, `{${prefix}:q}`);
-  redis.disconnect();
+  await deleteRuntimeKeys(prefix);
 });
 
 describe('usage of agent steps', () => {

@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startScriptedModelServer, type ScriptedModelServer } from '../../src/testing/index.js';
-import { connect, deletePrefix, redisUrl } from '../helpers/redis.js';
+import { connect, deleteRuntimeKeys, redisUrl } from '../helpers/redis.js';
 
 const exec = promisify(execFile);
 const root = new URL('../../', import.meta.url).pathname;
@@ -33,10 +33,7 @@ describe('flujo run with an agent step', () => {
   });
   afterAll(async () => {
     await model.close();
-    const redis = connect();
-    await deletePrefix(redis, prefix);
-    await deletePrefix(redis, `{${prefix}:q}`);
-    redis.disconnect();
+    await deleteRuntimeKeys(prefix);
   });
 
   it('runs the agent to its answer and exits 0', async () => {
@@ -141,10 +138,7 @@ describe('a job module whose agents are a function, built after setup', () => {
   afterAll(async () => {
     await model.close();
     rmSync(cwd, { recursive: true, force: true });
-    const redis = connect();
-    await deletePrefix(redis, prefix);
-    await deletePrefix(redis, `{${prefix}:q}`);
-    redis.disconnect();
+    await deleteRuntimeKeys(prefix);
   });
 
   it('calls setup, then agents() with the same dataDir, runs the agent, and exits 0', async () => {

@@ -5,7 +5,7 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { createRuntime, defineTool, type FlujoWorker, type Runtime } from '../../src/index.js';
 import { ledgerCallId } from '../../src/persistence/ledger.js';
-import { connect, deletePrefix, redisUrl } from '../helpers/redis.js';
+import { deleteRuntimeKeys, redisUrl } from '../helpers/redis.js';
 
 const exec = promisify(execFile);
 const root = new URL('../../', import.meta.url).pathname;
@@ -43,10 +43,7 @@ describe('an in-doubt tool call, resolved by a person', () => {
   afterEach(async () => {
     await worker?.close();
     await runtime.close();
-    const redis = connect();
-    await deletePrefix(redis, prefix);
-    await deletePrefix(redis, `{${prefix}:q}`);
-    redis.disconnect();
+    await deleteRuntimeKeys(prefix);
   });
 
   /** Starts the run, then leaves its charge in doubt as a dead worker would. */

@@ -14,7 +14,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startService, type Service } from '../../examples/durable-job/service.ts';
 import { notesRecords } from '../../examples/research-agent/job.ts';
-import { connect, deletePrefix, redisUrl } from '../helpers/redis.js';
+import { deleteRuntimeKeys, redisUrl } from '../helpers/redis.js';
 
 const root = join(import.meta.dirname, '..', '..');
 const node = join(root, 'node_modules', '.bin', 'node');
@@ -91,10 +91,7 @@ beforeAll(async () => {
 });
 afterAll(async () => {
   await service.close();
-  const redis = connect();
-  await deletePrefix(redis, prefix);
-  await deletePrefix(redis, `{${prefix}:q}`);
-  redis.disconnect();
+  await deleteRuntimeKeys(prefix);
   rmSync(cwd, { recursive: true, force: true });
 });
 

@@ -22,7 +22,7 @@ import {
   type ScriptedReply,
 } from '../../src/testing/index.js';
 import { spawnAgentChild, type AgentChild } from '../helpers/agent-child.js';
-import { connect, deletePrefix, redisUrl, testPrefix } from '../helpers/redis.js';
+import { deleteRuntimeKeys, redisUrl, testPrefix } from '../helpers/redis.js';
 
 const RUNS = 50;
 const KILLS = 14;
@@ -119,10 +119,7 @@ beforeAll(async () => {
 });
 afterAll(async () => {
   await rt.close();
-  const redis = connect();
-  await deletePrefix(redis, prefix);
-  await deletePrefix(redis, `{${prefix}:q}`);
-  redis.disconnect();
+  await deleteRuntimeKeys(prefix);
   await model.close();
   await rm(dir, { recursive: true, force: true });
 });
