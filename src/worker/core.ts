@@ -12,6 +12,7 @@ import { parsePlan } from '../plan/parse-plan.js';
 import type { Plan } from '../plan/schema.js';
 import { createSnapshotCodec } from '../persistence/codec.js';
 import { createKeys, RunKeyKind, type Keys } from '../persistence/keys.js';
+import { coalesceWrites } from '../persistence/write-coalescing.js';
 import { createLedger, type Ledger } from '../persistence/ledger.js';
 import { createFingerprintStore, type FingerprintStore } from '../persistence/fingerprint-store.js';
 import { createHistoryStore, type HistoryStore } from '../persistence/history.js';
@@ -131,7 +132,7 @@ export class RuntimeCore {
     this.ownsRedis = typeof options.redis === 'string';
     this.redis =
       typeof options.redis === 'string'
-        ? new Redis(options.redis, { maxRetriesPerRequest: 3, lazyConnect: false })
+        ? coalesceWrites(new Redis(options.redis, { maxRetriesPerRequest: 3, lazyConnect: false }))
         : options.redis;
     if (this.ownsRedis) this.redis.on('error', () => {}); // surfaced by the failing command
     this.keys = createKeys(options.prefix);
@@ -177,7 +178,7 @@ export class RuntimeCore {
       log: this.log,
       ...(cacheBytes === undefined ? {} : { blobCacheBytes: cacheBytes }),
     });
-    this.#queueConnection = this.redis.duplicate({ maxRetriesPerRequest: null });
+    this.#queueConnection = coalesceWrites(this.redis.duplicate({ maxRetriesPerRequest: null }));
     this.#queueConnection.on('error', () => {});
     this.queue = new Queue(this.queueName, {
       connection: this.#queueConnection,

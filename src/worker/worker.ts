@@ -15,6 +15,7 @@ import { runSteps, type RunSnapshot, type StepState } from '../machines/kernel.j
 import type { AgentStep, PlanStep } from '../plan/schema.js';
 import type { SnapshotEnvelope } from '../persistence/codec.js';
 import type { RunEvent } from '../schemas/events.js';
+import { coalesceWrites } from '../persistence/write-coalescing.js';
 import { abortMessage, type RunMeta, type RuntimeCore } from './core.js';
 import { HistoryCache } from './history-cache.js';
 import { JobName, type JobData } from './jobs.js';
@@ -65,7 +66,7 @@ export interface FlujoWorker {
 export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): FlujoWorker {
   const recoveryMs = options.recoveryMs ?? 2000;
   const leaseMs = options.toolLeaseMs ?? 5000;
-  const connection: Redis = core.redis.duplicate({ maxRetriesPerRequest: null });
+  const connection: Redis = coalesceWrites(core.redis.duplicate({ maxRetriesPerRequest: null }));
   connection.on('error', () => {});
   const aborts = new Map<string, AbortController>();
   const subscriber: Redis = core.redis.duplicate();

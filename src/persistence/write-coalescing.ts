@@ -1,0 +1,35 @@
+import type { Redis } from 'ioredis';
+
+/**
+ * Makes `redis` write the commands it is given within one turn of the event loop in one system
+ * call: the socket is corked at the first command and uncorked once the turn's microtasks have
+ * run (`process.nextTick` runs after them), so N commands cost one `writev` instead of N `write`s.
+ * Order on the wire is unchanged, replies are unchanged, and no command waits past its turn.
+ *
+ * Why: a write to a socket is a system call, and on a virtual machine it is most of the cost of
+ * sending a small command (measured on one 2-core VM: about 10 µs of CPU per command sent alone).
+ * With many units of work in flight, replies arrive in bursts and the code they wake sends its next
+ * commands in the same turn. ioredis's own `enableAutoPipelining` gets the same single write but
+ * builds a pipeline object per batch, which costs more than it saves when a batch holds one
+ * command (a worker of concurrency 1), and it is not advised for BullMQ's connections.
+ * @internal
+ */
+export function coalesceWrites(redis: Redis): Redis {
+  const send = redis.sendCommand.bind(redis);
+  let corked = false;
+  const coalescing: Redis['sendCommand'] = (command, stream) => {
+    // Undefined until the first connection is made.
+    const socket = redis.stream as Redis['stream'] | undefined;
+    if (!corked && stream === undefined && socket !== undefined && redis.status === 'ready') {
+      corked = true;
+      socket.cork();
+      process.nextTick(() => {
+        corked = false;
+        socket.uncork();
+      });
+    }
+    return send(command, stream);
+  };
+  redis.sendCommand = coalescing;
+  return redis;
+}
