@@ -122,17 +122,20 @@ export interface RunHostOptions {
  * event is applied and put back only with the version its commit produced, so a run whose commit
  * failed (a lost race, Redis trouble) is never reused.
  */
+interface OpenEntry {
+  version: number;
+  run: OpenRun;
+  carrier: string | undefined;
+}
+
 class OpenRuns {
   readonly #max: number;
-  readonly #runs = new Map<string, { version: number; run: OpenRun }>();
+  readonly #runs = new Map<string, OpenEntry>();
   constructor(max: number) {
     this.#max = max;
   }
-  peek(runId: string): { version: number; snapshot: RunSnapshot } | undefined {
-    const entry = this.#runs.get(runId);
-    return entry === undefined
-      ? undefined
-      : { version: entry.version, snapshot: entry.run.snapshot };
+  peek(runId: string): OpenEntry | undefined {
+    return this.#runs.get(runId);
   }
   take(runId: string, version: number): OpenRun | undefined {
     const entry = this.#runs.get(runId);
@@ -142,11 +145,11 @@ class OpenRuns {
     entry.run.close();
     return undefined;
   }
-  put(runId: string, version: number, run: OpenRun): void {
+  put(runId: string, version: number, run: OpenRun, carrier: string | undefined): void {
     if (this.#max <= 0 || run.snapshot.status !== 'active') return run.close();
-    this.#runs.set(runId, { version, run });
+    this.#runs.set(runId, { version, run, carrier });
     if (this.#runs.size > this.#max) {
-      const [oldest, entry] = this.#runs.entries().next().value as [string, { run: OpenRun }];
+      const [oldest, entry] = this.#runs.entries().next().value as [string, OpenEntry];
       this.#runs.delete(oldest);
       entry.run.close();
     }
@@ -166,13 +169,14 @@ export interface RunHost {
    * Feeds `event` to the run, or several events in order, committed together (all or nothing).
    * On a lost race, reloads and decides again (events are facts, so deciding again is safe); an
    * event the new state no longer accepts is dropped, and with it the whole batch. `options`
-   * carries list appends (an agent turn's messages) committed with the snapshot.
+   * carries list appends (an agent turn's messages) committed with the snapshot, and a carrier
+   * note; given as a function, it is asked once the transition is known (again after a lost race).
    */
   apply(
     runId: string,
     event: RunEvent | readonly RunEvent[],
     loaded?: SnapshotEnvelope<RunSnapshot>,
-    options?: CommitOptions,
+    options?: CommitOptions | ((transition: RunTransition) => CommitOptions),
   ): Promise<AppliedEvent>;
   /**
    * The run's envelope: from the run held open in memory when its version is still the stored one
@@ -203,11 +207,13 @@ export function createRunHost({
     async load(runId) {
       const held = open.peek(runId);
       if (held !== undefined && (await store.version(runId)) === held.version) {
+        const { snapshot } = held.run;
         return {
           schemaVersion: RUN_SNAPSHOT_SCHEMA_VERSION,
           version: held.version,
-          snapshot: held.snapshot,
-          updatedAt: held.snapshot.context.updatedAt,
+          snapshot,
+          updatedAt: snapshot.context.updatedAt,
+          ...(held.carrier === undefined ? {} : { carrier: held.carrier }),
         };
       }
       return store.load(runId);
@@ -247,7 +253,7 @@ export function createRunHost({
         }
         if (refused || t === undefined) {
           // A batch is all or nothing: the events taken before the refused one stay uncommitted.
-          if (valid.length === 1) open.put(runId, envelope.version, run);
+          if (valid.length === 1) open.put(runId, envelope.version, run, envelope.carrier);
           else run.close();
           const unchanged = {
             snapshot: envelope.snapshot,
@@ -259,8 +265,18 @@ export function createRunHost({
           return { envelope, transition: unchanged, committed: false };
         }
         try {
-          const next = await store.commit(runId, envelope.version, t.snapshot, facts, options);
-          open.put(runId, next.version, run);
+          const commitOptions = typeof options === 'function' ? options(t) : options;
+          const written = await store.commit(
+            runId,
+            envelope.version,
+            t.snapshot,
+            facts,
+            commitOptions,
+          );
+          // A commit that sets no carrier leaves the stored one as it was.
+          const carrier = written.carrier ?? envelope.carrier;
+          const next = carrier === undefined ? written : { ...written, carrier };
+          open.put(runId, next.version, run, carrier);
           return { envelope: next, transition: t, committed: true };
         } catch (error) {
           run.close();

@@ -19,14 +19,23 @@ export interface SnapshotEnvelope<S = unknown> {
   snapshot: S;
   /** When this version was written, epoch milliseconds. */
   updatedAt: number;
+  /**
+   * The driver's note on who carries the run's next unit of work (see the worker's chained
+   * units), as the last commit that set one left it; opaque here. Absent when none was ever set.
+   */
+  carrier?: string;
 }
 
-/** The fields of the envelope's Redis HASH: `v` version, `sv` schemaVersion, `s` snapshot JSON, `u` updatedAt. */
+/**
+ * The fields of the envelope's Redis HASH: `v` version, `sv` schemaVersion, `s` snapshot JSON,
+ * `u` updatedAt, and `c` the carrier note when one was set.
+ */
 export interface SnapshotFields {
   v: string;
   sv: string;
   s: string;
   u: string;
+  c?: string;
 }
 
 /** One step of the snapshot schema: turns a snapshot of schema `from` into one of schema `to` (= from + 1). */
@@ -180,6 +189,7 @@ export function createSnapshotCodec<S = unknown>(
         sv: String(envelope.schemaVersion),
         s: snapshotJson ?? encodeSnapshot(envelope.snapshot),
         u: String(envelope.updatedAt),
+        ...(envelope.carrier === undefined ? {} : { c: envelope.carrier }),
       };
     },
     decode(runId, fields) {
@@ -231,7 +241,10 @@ export function createSnapshotCodec<S = unknown>(
           });
         }
       }
-      return { schemaVersion, version, snapshot: parsed, updatedAt };
+      const carrier = fields.c;
+      return carrier === undefined || carrier === ''
+        ? { schemaVersion, version, snapshot: parsed, updatedAt }
+        : { schemaVersion, version, snapshot: parsed, updatedAt, carrier };
     },
   };
 }

@@ -14,7 +14,7 @@
  */
 
 /** Bump when a script changes meaning, so clients never mix versions under one command name. */
-export const SNAPSHOT_SCRIPT_VERSION = 1;
+export const SNAPSHOT_SCRIPT_VERSION = 2;
 
 // Pushes ARGV[from .. from+count-1] onto a list in chunks (Lua's unpack has a stack limit).
 const PUSH = `
@@ -55,7 +55,8 @@ return 1
  * commit: compare-and-set of the envelope, the event appends and any list appends, all or nothing.
  *   KEYS[1]  snap (HASH)     KEYS[2]  events (STREAM)     KEYS[3..]  lists to append to
  *   ARGV[1]  the expected version   ARGV[2] the new version   ARGV[3] sv   ARGV[4] s   ARGV[5] u
- *   ARGV[6]  n, the number of events, then n pairs (type, JSON)
+ *   ARGV[6]  c, the carrier note ('' leaves the stored one as it is)
+ *   ARGV[7]  n, the number of events, then n pairs (type, JSON)
  *   then, per list key KEYS[3..]: its expected length, the number of values c, then c values
  *   Returns  {1} written; {0, stored version} version differs; {-1} no snap;
  *            {2, list index (0-based), actual length} a list's length differs. Only {1} writes.
@@ -64,9 +65,9 @@ const COMMIT = `${PUSH}
 local stored = redis.call('HGET', KEYS[1], 'v')
 if not stored then return {-1} end
 if stored ~= ARGV[1] then return {0, stored} end
-local n = tonumber(ARGV[6])
+local n = tonumber(ARGV[7])
 local lists = {}
-local i = 7 + 2 * n
+local i = 8 + 2 * n
 for k = 3, #KEYS do
   local expected = tonumber(ARGV[i])
   local count = tonumber(ARGV[i + 1])
@@ -75,8 +76,12 @@ for k = 3, #KEYS do
   lists[#lists + 1] = {KEYS[k], i + 2, count}
   i = i + 2 + count
 end
-redis.call('HSET', KEYS[1], 'v', ARGV[2], 'sv', ARGV[3], 's', ARGV[4], 'u', ARGV[5])
-i = 7
+if ARGV[6] == '' then
+  redis.call('HSET', KEYS[1], 'v', ARGV[2], 'sv', ARGV[3], 's', ARGV[4], 'u', ARGV[5])
+else
+  redis.call('HSET', KEYS[1], 'v', ARGV[2], 'sv', ARGV[3], 's', ARGV[4], 'u', ARGV[5], 'c', ARGV[6])
+end
+i = 8
 for _ = 1, n do
   redis.call('XADD', KEYS[2], '*', 'v', ARGV[2], 't', ARGV[i], 'd', ARGV[i + 1])
   i = i + 2

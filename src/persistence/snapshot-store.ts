@@ -88,6 +88,11 @@ export interface ListAppend {
 export interface CommitOptions {
   /** List appends committed with the snapshot, all or nothing. @defaultValue none */
   appends?: readonly ListAppend[];
+  /**
+   * A note stored beside the snapshot in the same write (the envelope's `carrier`): who carries
+   * the run's next unit of work. @defaultValue the stored note is left as it is
+   */
+  carrier?: string;
 }
 
 /** Persists run snapshots with compare-and-set and appends run events atomically with them. */
@@ -239,9 +244,10 @@ export function createSnapshotStore<S = unknown>(
   /*
    * commit: compare-and-set of the envelope plus the event appends and list appends (script COMMIT).
    *   Reads:         HGET snap v; LLEN of each list to append to
-   *   Written keys:  snap (HSET v sv s u), events (XADD * v t d, one per event), each list
-   *                  (RPUSH), atomically, only when the version and every length are as expected
-   *   Returns:       the envelope at version expectedVersion + 1
+   *   Written keys:  snap (HSET v sv s u, and c when a carrier is given), events (XADD * v t d,
+   *                  one per event), each list (RPUSH), atomically, only when the version and
+   *                  every length are as expected
+   *   Returns:       the envelope at version expectedVersion + 1 (its carrier only when given)
    *   Throws:        RunNotFoundError (no snap); SnapshotConflictError (v differs); the append's
    *                  conflict error (a list's length differs); nothing written in each case
    */
@@ -257,11 +263,18 @@ export function createSnapshotStore<S = unknown>(
     assertExpectedVersion(expectedVersion);
     const appends = commitOptions.appends ?? [];
     const listKeys = checkAppends(keys.runKey(runId, RunKeyKind.Snap), appends);
+    const carrier = commitOptions.carrier;
+    if (carrier !== undefined && (typeof carrier !== 'string' || carrier === '')) {
+      throw new InputValidationError('commit options', [
+        { path: 'carrier', message: 'must be a non-empty string when given' },
+      ]);
+    }
     const envelope: SnapshotEnvelope<S> = {
       schemaVersion: codec.schemaVersion,
       version: expectedVersion + 1,
       snapshot: nextSnapshot,
       updatedAt: clock(),
+      ...(carrier === undefined ? {} : { carrier }),
     };
     const fields = codec.encode(envelope);
     const encoded = encodeEvents(events);
@@ -275,6 +288,7 @@ export function createSnapshotStore<S = unknown>(
       fields.sv,
       fields.s,
       fields.u,
+      carrier ?? '',
       String(encoded.length / 2),
       ...encoded,
     ];

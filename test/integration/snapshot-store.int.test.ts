@@ -241,6 +241,25 @@ describe('snapshot store', () => {
     expect(await redis.lindex(list, 2501)).toBe('m2499');
   });
 
+  it('stores a carrier note with a commit; a commit without one leaves it; a stale one writes none', async () => {
+    await store.create('run-1', initial);
+    expect((await store.load('run-1')).carrier).toBeUndefined();
+    const v1 = await store.commit('run-1', 0, next(1), [{ type: 'one' }], {
+      carrier: 'job-a unit-b',
+    });
+    expect(v1.carrier).toBe('job-a unit-b');
+    expect(await redis.hget(keys().snap('run-1'), 'c')).toBe('job-a unit-b');
+    const v2 = await store.commit('run-1', 1, next(2), [{ type: 'two' }]);
+    expect(v2.carrier).toBeUndefined();
+    expect((await store.load('run-1')).carrier).toBe('job-a unit-b');
+    await rejection(store.commit('run-1', 1, next(3), [], { carrier: 'job-x unit-y' }));
+    expect((await store.load('run-1')).carrier).toBe('job-a unit-b');
+    await expect(store.commit('run-1', 2, next(3), [], { carrier: '' })).rejects.toThrow(
+      /carrier: must be a non-empty string/,
+    );
+    expect((await store.load('run-1')).version).toBe(2);
+  });
+
   it('refuses list appends to another run or with a bad length before any I/O', async () => {
     await store.create('run-1', initial);
     const other = keys().history('run-2', 'agent');

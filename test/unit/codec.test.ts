@@ -93,6 +93,11 @@ describe('codec encode/decode', () => {
     expect(encoded).toEqual({ v: '7', sv: '1', s: '{"a":[1,2],"b":"ü"}', u: '42' });
     expect(codec.decode('r', encoded)).toEqual(envelope);
     expect(codec.encode(envelope, '{"pre":1}').s).toBe('{"pre":1}');
+    // The carrier note, when there is one, is field c.
+    const carried = { ...envelope, carrier: 'job unit' };
+    expect(codec.encode(carried).c).toBe('job unit');
+    expect(codec.decode('r', codec.encode(carried))).toEqual(carried);
+    expect(codec.decode('r', { ...encoded, c: '' })).toEqual(envelope);
   });
 
   it('applies migrations in order for older envelopes and returns the current schemaVersion', () => {
