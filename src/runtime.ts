@@ -240,7 +240,7 @@ export function createRuntime(options: RuntimeOptions): Runtime {
       const now = runSteps(applied.envelope.snapshot).find((s) => s.stepId === stepId);
       throw new StepNotWaitingError(runId, stepId, now?.status ?? null, env.snapshot.context.order);
     }
-    await core.enqueueDue(runId, applied.envelope.snapshot);
+    await core.enqueueDue(runId, applied.envelope);
     return report(runId);
   }
 
@@ -313,7 +313,7 @@ export function createRuntime(options: RuntimeOptions): Runtime {
         throw error;
       }
       await core.scheduleDeadline(runId, plan, at);
-      await core.enqueueDue(runId, created.envelope.snapshot);
+      await core.enqueueDue(runId, created.envelope);
       return handle(runId, true);
     },
 
@@ -346,7 +346,7 @@ export function createRuntime(options: RuntimeOptions): Runtime {
         throw new RunNotResumableError(runId, runStatus(applied.envelope.snapshot));
       }
       await core.redis.sadd(core.keys.activeRuns(), runId);
-      await core.enqueueDue(runId, applied.envelope.snapshot);
+      await core.enqueueDue(runId, applied.envelope);
       return report(runId);
     },
 

@@ -31,6 +31,7 @@ import { createToolRegistry, type ToolRegistry } from '../tools/registry.js';
 import {
   dueJobs,
   JobName,
+  parseCarrierNote,
   deadlineJobId,
   plannedJobs,
   type JobData,
@@ -228,9 +229,28 @@ export class RuntimeCore {
     return counter;
   }
 
-  /** Adds every job the run's snapshot says is due (ids make repeats harmless). */
-  async enqueueDue(runId: string, snapshot: RunSnapshot): Promise<void> {
-    const jobs = dueJobs(runId, snapshot, this.clock());
+  /**
+   * Adds every job the run's snapshot says is due (ids make repeats harmless), but for a unit that
+   * a chained job still carries (see the worker): that job runs it, so it gets no job of its own
+   * while the carrier is active. `self` is the id of the calling job: a carrier that was
+   * redelivered (its worker died mid-chain) hands the unit it carried to a job of its own.
+   */
+  async enqueueDue(
+    runId: string,
+    envelope: { snapshot: RunSnapshot; carrier?: string },
+    self?: string,
+  ): Promise<void> {
+    const { snapshot } = envelope;
+    let jobs = dueJobs(runId, snapshot, this.clock());
+    const carried = parseCarrierNote(envelope.carrier);
+    if (carried !== null && carried.job !== self) {
+      const i = jobs.findIndex((j) => j.opts.jobId === carried.unit);
+      // Active includes a carrier whose worker died and whose lock has not lapsed yet: the stalled
+      // check hands it back to the queue, and its guard (here, as `self`) gives the unit its job.
+      if (i >= 0 && (await this.queue.getJobState(carried.job)) === 'active') {
+        jobs = jobs.filter((_, k) => k !== i);
+      }
+    }
     if (jobs.length > 0) await this.add(jobs);
     if (snapshot.status !== 'active' || snapshot.value === 'failed') {
       await this.redis.srem(this.keys.activeRuns(), runId);
@@ -243,7 +263,7 @@ export class RuntimeCore {
    */
   async enqueuePlanned(runId: string, applied: AppliedEvent): Promise<void> {
     const { snapshot } = applied.envelope;
-    if (!applied.committed) return this.enqueueDue(runId, snapshot);
+    if (!applied.committed) return this.enqueueDue(runId, applied.envelope);
     const jobs = plannedJobs(runId, snapshot, applied.transition.planned, this.clock());
     if (jobs.length > 0) await this.add(jobs);
     if (snapshot.status !== 'active' || snapshot.value === 'failed') {
@@ -265,7 +285,7 @@ export class RuntimeCore {
   /** Feeds an event to a run and enqueues what became due. */
   async apply(runId: string, event: RunEvent): Promise<AppliedEvent> {
     const applied = await this.host.apply(runId, event);
-    await this.enqueueDue(runId, applied.envelope.snapshot);
+    await this.enqueueDue(runId, applied.envelope);
     return applied;
   }
 

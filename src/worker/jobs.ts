@@ -55,28 +55,43 @@ export function deadlineJobId(runId: string): string {
 }
 
 /**
+ * The job of a RUNNING step attempt: a step job, or for a granular agent step the job of its next
+ * turn (the turns it has committed).
+ */
+function unitJob(
+  runId: string,
+  stepId: string,
+  context: { attempt: number; granular: boolean; agent: { turns: number } | null },
+): JobSpec {
+  const { attempt } = context;
+  if (context.granular) {
+    const turn = context.agent?.turns ?? 0;
+    return {
+      name: JobName.turn,
+      data: { runId, stepId, attempt, turn },
+      opts: { jobId: turnJobId(runId, stepId, attempt, turn) },
+    };
+  }
+  return {
+    name: JobName.step,
+    data: { runId, stepId, attempt },
+    opts: { jobId: stepJobId(runId, stepId, attempt) },
+  };
+}
+
+/**
  * Every unit of work the run's snapshot says is due: each RUNNING step attempt (for a granular
- * agent step, its next turn), each scheduled retry. Derived from the snapshot rather than from one transition's planned actions, so that
- * enqueueing it again (a redelivered job, a restarted worker) re-creates exactly what is missing
- * and nothing else: the ids are deterministic and BullMQ ignores an id it already holds.
+ * agent step, its next turn), each scheduled retry. Derived from the snapshot rather than from
+ * one transition's planned actions, so that enqueueing it again (a redelivered job, a restarted
+ * worker) re-creates exactly what is missing and nothing else: the ids are deterministic and
+ * BullMQ ignores an id it already holds.
  */
 export function dueJobs(runId: string, snapshot: RunSnapshot, now: number): JobSpec[] {
   if (snapshot.status !== 'active') return [];
   const jobs: JobSpec[] = [];
   for (const step of runSteps(snapshot)) {
-    if (step.status === 'RUNNING' && step.granular) {
-      const turn = step.agent?.turns ?? 0;
-      jobs.push({
-        name: JobName.turn,
-        data: { runId, stepId: step.stepId, attempt: step.attempt, turn },
-        opts: { jobId: turnJobId(runId, step.stepId, step.attempt, turn) },
-      });
-    } else if (step.status === 'RUNNING') {
-      jobs.push({
-        name: JobName.step,
-        data: { runId, stepId: step.stepId, attempt: step.attempt },
-        opts: { jobId: stepJobId(runId, step.stepId, step.attempt) },
-      });
+    if (step.status === 'RUNNING') {
+      jobs.push(unitJob(runId, step.stepId, step));
     } else if (step.status === 'FAILED_RETRYABLE' && step.retryAt !== null) {
       const attempt = step.attempt + 1;
       jobs.push({
@@ -107,20 +122,13 @@ export function plannedJobs(
   for (const p of planned) {
     if (p.type === 'step.execute') {
       const context = snapshot.children[p.stepId]?.snapshot.context;
-      if (context?.granular === true) {
-        const turn = context.agent?.turns ?? 0;
-        jobs.push({
-          name: JobName.turn,
-          data: { runId, stepId: p.stepId, attempt: p.attempt, turn },
-          opts: { jobId: turnJobId(runId, p.stepId, p.attempt, turn) },
-        });
-      } else {
-        jobs.push({
-          name: JobName.step,
-          data: { runId, stepId: p.stepId, attempt: p.attempt },
-          opts: { jobId: stepJobId(runId, p.stepId, p.attempt) },
-        });
-      }
+      jobs.push(
+        unitJob(runId, p.stepId, {
+          attempt: p.attempt,
+          granular: context?.granular === true,
+          agent: context?.agent ?? null,
+        }),
+      );
     } else if (p.type === 'step.scheduleRetry') {
       jobs.push({
         name: JobName.retry,
@@ -130,4 +138,45 @@ export function plannedJobs(
     }
   }
   return jobs;
+}
+
+/**
+ * The run's one unit of work in flight, when it has exactly one: its only RUNNING step attempt (or
+ * that granular step's next turn). Null when the run has ended, or has no RUNNING step, or several.
+ * A scheduled retry is not counted: it has a delayed job of its own and touches another attempt.
+ */
+export function soleUnit(runId: string, snapshot: RunSnapshot): JobSpec | null {
+  if (snapshot.status !== 'active') return null;
+  let sole: [string, RunSnapshot['children'][string]['snapshot']] | null = null;
+  for (const stepId in snapshot.children) {
+    const child = snapshot.children[stepId]!.snapshot;
+    if (child.value !== 'RUNNING') continue;
+    if (sole !== null) return null;
+    sole = [stepId, child];
+  }
+  return sole === null ? null : unitJob(runId, sole[0], sole[1].context);
+}
+
+/**
+ * The carrier note a chained commit stores beside the snapshot: the job that goes on with the
+ * run's next unit in place of that unit's own job, and the id that job would have had.
+ */
+export interface CarrierNote {
+  /** The id of the BullMQ job carrying the unit. */
+  job: string;
+  /** The unit's own job id (see {@link stepJobId}, {@link turnJobId}). */
+  unit: string;
+}
+
+/** The stored form of a {@link CarrierNote}: two job ids (which never hold a space). */
+export function carrierNote(note: CarrierNote): string {
+  return `${note.job} ${note.unit}`;
+}
+
+/** Reads a stored carrier note; null when there is none or it is not one. */
+export function parseCarrierNote(stored: string | undefined): CarrierNote | null {
+  if (stored === undefined) return null;
+  const space = stored.indexOf(' ');
+  if (space <= 0 || space === stored.length - 1) return null;
+  return { job: stored.slice(0, space), unit: stored.slice(space + 1) };
 }

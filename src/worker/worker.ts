@@ -11,14 +11,29 @@ import {
 import { MaxTurnsExceededError, RunNotFoundError, type SerializedError } from '../errors.js';
 import { debugPoint, DebugPoint } from '../internal/debug-points.js';
 import type { JsonValue } from '../internal/json.js';
-import { runSteps, type RunSnapshot, type StepState } from '../machines/kernel.js';
+import {
+  runSteps,
+  type RunSnapshot,
+  type RunTransition,
+  type StepState,
+} from '../machines/kernel.js';
 import type { AgentStep, PlanStep } from '../plan/schema.js';
 import type { SnapshotEnvelope } from '../persistence/codec.js';
+import type { CommitOptions } from '../persistence/snapshot-store.js';
+import type { AppliedEvent } from '../actors/run-host.js';
 import type { RunEvent } from '../schemas/events.js';
 import { coalesceWrites } from '../persistence/write-coalescing.js';
 import { abortMessage, type RunMeta, type RuntimeCore } from './core.js';
 import { HistoryCache } from './history-cache.js';
-import { JobName, type JobData } from './jobs.js';
+import {
+  carrierNote,
+  JobName,
+  soleUnit,
+  stepJobId,
+  turnJobId,
+  type JobData,
+  type JobSpec,
+} from './jobs.js';
 
 /** What the steps `ids` produced (those that produced something), by step id. */
 function outputsOf(snapshot: RunSnapshot, ids: readonly string[]): Record<string, JsonValue> {
@@ -29,6 +44,30 @@ function outputsOf(snapshot: RunSnapshot, ids: readonly string[]): Record<string
   }
   return out;
 }
+
+const NOTHING: Promise<null> = Promise.resolve(null);
+
+/** The job in which units run one after the other, and whether it may take one more. */
+interface Chain {
+  /** The job's id: the carrier named in the notes of its chained commits. */
+  self: string;
+  mayGoOn(): boolean;
+}
+
+/** The job of a step or turn unit, from its data. */
+function unitOf(data: JobData): JobSpec {
+  const { runId, stepId, attempt, turn } = data;
+  return turn === undefined
+    ? { name: JobName.step, data, opts: { jobId: stepJobId(runId, stepId!, attempt!) } }
+    : { name: JobName.turn, data, opts: { jobId: turnJobId(runId, stepId!, attempt!, turn) } };
+}
+
+/**
+ * What a unit came to: how it ended (a word for the job's return value); the next unit to go on
+ * with in the same job; or "come back later" for a tool call whose lease another worker holds.
+ */
+type UnitOutcome =
+  string | { next: JobSpec; admitted: Admitted } | { retryAfterMs: number; unit: JobSpec };
 
 /** A job's step attempt, admitted to run. */
 interface Admitted {
@@ -52,6 +91,16 @@ export interface WorkerOptions {
   toolLeaseMs?: number;
   /** Re-enqueue the work of every unfinished run when the worker starts. @defaultValue true */
   recoverOnStart?: boolean;
+  /**
+   * How long one job may go on with its run's next units, in ms, before it hands the next one to
+   * the queue. After a commit that leaves the run exactly one unit to do (the next step of a
+   * line, the next turn of an agent), the job runs that unit itself instead of enqueueing it and
+   * waiting for the queue to hand it out again: a step or turn then costs one commit, not a
+   * commit, a queue add and a queue fetch. The job stays locked meanwhile, so a worker that dies
+   * mid-chain is recovered exactly as one that died in a single unit. 0: one job per unit.
+   * @defaultValue 1000
+   */
+  chainMs?: number;
 }
 
 /** A running worker. */
@@ -76,24 +125,16 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     aborts.get(message)?.abort(new Error('the run was cancelled'));
   });
 
+  const chainMs = options.chainMs ?? 1000;
+  let closing = false;
+
   const processor = async (job: Job<JobData>, token?: string, signal?: AbortSignal) => {
     const { runId } = job.data;
     try {
       switch (job.name) {
         case JobName.step:
-        case JobName.turn: {
-          const outcome =
-            job.name === JobName.turn
-              ? await processTurn(job.data, signal)
-              : await processStep(job.data, signal);
-          if (typeof outcome === 'object') {
-            // Another worker still holds a lease on one of the step's tool calls (it may be
-            // alive, or its lease has not lapsed yet): come back later, without spending an attempt.
-            await job.moveToDelayed(core.clock() + outcome.retryAfterMs, token);
-            throw new DelayedError();
-          }
-          return outcome;
-        }
+        case JobName.turn:
+          return await processUnits(job, token, signal);
         case JobName.retry:
           await core.apply(runId, {
             type: 'retry.due',
@@ -114,6 +155,50 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     }
   };
 
+  /**
+   * Runs the job's unit, then, while the chain may go on, the units its commits leave as the
+   * run's only work (see `chainMs`), each admitted like a job of its own but without reading the
+   * run again: the job's own commit is the latest.
+   */
+  async function processUnits(
+    job: Job<JobData>,
+    token: string | undefined,
+    signal: AbortSignal | undefined,
+  ): Promise<string> {
+    const started = performance.now();
+    const chain: Chain = {
+      self: job.id!,
+      mayGoOn: () => chainMs > 0 && !closing && performance.now() - started < chainMs,
+    };
+    let name = job.name;
+    let data = job.data;
+    let held: Admitted | undefined;
+    for (;;) {
+      const outcome =
+        name === JobName.turn
+          ? await processTurn(data, signal, chain, held)
+          : await processStep(data, signal, chain, held);
+      if (typeof outcome === 'string') return outcome;
+      if ('next' in outcome) {
+        ({ name, data } = outcome.next);
+        held = outcome.admitted;
+        continue;
+      }
+      // Another worker still holds a lease on one of the step's tool calls (it may be alive, or
+      // its lease has not lapsed yet): come back later, without spending an attempt.
+      const at = core.clock() + outcome.retryAfterMs;
+      if (held === undefined) {
+        await job.moveToDelayed(at, token);
+        throw new DelayedError();
+      }
+      // A unit this job carried: it gets its own job, due then.
+      await core.add([
+        { ...outcome.unit, opts: { ...outcome.unit.opts, delay: outcome.retryAfterMs } },
+      ]);
+      return 'busy';
+    }
+  }
+
   async function stopForBudget(
     runId: string,
     env: SnapshotEnvelope<RunSnapshot>,
@@ -127,7 +212,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     };
     const applied = await core.host.apply(runId, event, env);
     await core.publishAborts(runId, applied.transition.planned);
-    await core.enqueueDue(runId, applied.envelope.snapshot);
+    await core.enqueueDue(runId, applied.envelope);
   }
 
   async function processDeadline(runId: string): Promise<string> {
@@ -191,16 +276,25 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
   /**
    * The guard of every step and turn job: the attempt must still be RUNNING (else it was already
    * committed or cancelled: a redelivered job is harmless, and enqueueing what is due heals a crash
-   * between a commit and its enqueue), and the run's budgets must allow it to go on.
+   * between a commit and its enqueue), and the run's budgets must allow it to go on. `self` is the
+   * job's id (see `enqueueDue`).
    */
-  async function admit(data: JobData): Promise<Admitted | string> {
+  async function admit(data: JobData, self: string): Promise<Admitted | string> {
+    return admitLoaded(data, await core.host.load(data.runId), self);
+  }
+
+  /** {@link admit} of a unit of a run as `env` holds it. */
+  async function admitLoaded(
+    data: JobData,
+    env: SnapshotEnvelope<RunSnapshot>,
+    self: string,
+  ): Promise<Admitted | string> {
     const { runId } = data;
-    const env = await core.host.load(runId);
     const child = env.snapshot.children[data.stepId!]?.snapshot;
     const state: StepState | undefined =
       child === undefined ? undefined : { ...child.context, status: child.value };
     if (state === undefined || state.status !== 'RUNNING' || state.attempt !== data.attempt) {
-      await core.enqueueDue(runId, env.snapshot);
+      await core.enqueueDue(runId, env, self);
       return 'already-done';
     }
     const meta = await core.meta(runId);
@@ -254,9 +348,11 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     runId: string,
     env: SnapshotEnvelope<RunSnapshot>,
     result: StepResult | TurnOutcome,
-  ): Promise<string | { retryAfterMs: number } | null> {
+    data: JobData,
+  ): Promise<UnitOutcome | null> {
     if (result.kind === 'failed' && result.error.code === 'tool_call_busy') {
-      return { retryAfterMs: Math.max(50, result.error.retryAfterMs ?? 1000) };
+      const retryAfterMs = Math.max(50, result.error.retryAfterMs ?? 1000);
+      return { retryAfterMs, unit: unitOf(data) };
     }
     if (result.kind === 'budget') {
       await stopForBudget(runId, env, result.error.details as JsonValue);
@@ -274,11 +370,45 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     at: core.clock(),
   });
 
+  /**
+   * After a commit: the unit the job goes on with (the commit set the carrier note naming it), or
+   * null when the chain stops here (then the caller enqueues what the commit made due).
+   */
+  function nextUnit(runId: string, chain: Chain, t: RunTransition): JobSpec | null {
+    return chain.mayGoOn() ? soleUnit(runId, t.snapshot) : null;
+  }
+
+  /** Commit options that note the job as the carrier of the unit `chained()` returns after the transition. */
+  function chaining(
+    runId: string,
+    chain: Chain,
+    base: CommitOptions = {},
+  ): { options: (t: RunTransition) => CommitOptions; chained: () => JobSpec | null } {
+    let next: JobSpec | null = null;
+    return {
+      options: (t) => {
+        next = nextUnit(runId, chain, t);
+        return next === null
+          ? base
+          : { ...base, carrier: carrierNote({ job: chain.self, unit: next.opts.jobId }) };
+      },
+      chained: () => next,
+    };
+  }
+
+  /** The outcome of a commit that noted the job as carrier of `next`: that unit, admitted. */
+  async function goOn(next: JobSpec, applied: AppliedEvent, chain: Chain): Promise<UnitOutcome> {
+    const admitted = await admitLoaded(next.data, applied.envelope, chain.self);
+    return typeof admitted === 'string' ? admitted : { next, admitted };
+  }
+
   async function processStep(
     data: JobData,
     jobSignal: AbortSignal | undefined,
-  ): Promise<string | { retryAfterMs: number }> {
-    const admitted = await admit(data);
+    chain: Chain,
+    held?: Admitted,
+  ): Promise<UnitOutcome> {
+    const admitted = held ?? (await admit(data, chain.self));
     if (typeof admitted === 'string') return admitted;
     const { env, state, meta, step } = admitted;
     const { runId } = data;
@@ -296,14 +426,17 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
         signal,
       }),
     );
-    const early = await endsEarly(runId, env, result);
+    const early = await endsEarly(runId, env, result, data);
     if (early !== null) return early;
     const event: RunEvent =
       result.kind === 'succeeded'
         ? { type: 'step.succeeded', stepId, attempt, output: result.output, at: core.clock() }
         : failed(stepId, attempt, result.error);
-    const applied = await core.host.apply(runId, event, env);
+    const { options: commitOptions, chained } = chaining(runId, chain);
+    const applied = await core.host.apply(runId, event, env, commitOptions);
     debugPoint(DebugPoint.afterCommit, stepId);
+    const next = applied.committed ? chained() : null;
+    if (next !== null) return goOn(next, applied, chain);
     await core.enqueuePlanned(runId, applied);
     await afterCommit(runId, meta, applied.transition.status);
     return result.kind;
@@ -318,11 +451,17 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
   async function processTurn(
     data: JobData,
     jobSignal: AbortSignal | undefined,
-  ): Promise<string | { retryAfterMs: number }> {
-    // Asked for beside the guard's read (one round trip for both): a turn that runs needs it.
-    const journaled = core.journal.get(data.runId, data.stepId!, data.turn!);
+    chain: Chain,
+    held?: Admitted,
+  ): Promise<UnitOutcome> {
+    // Asked for beside the guard's read (one round trip for both): a turn that runs needs it. A
+    // turn this job goes on with has nothing journaled: its turn was committed a moment ago, by
+    // this job, so no worker can have taken the next one (a racing worker's reply would still win
+    // when this one is recorded: the journal keeps the first).
+    const journaled =
+      held === undefined ? core.journal.get(data.runId, data.stepId!, data.turn!) : NOTHING;
     journaled.catch(() => {});
-    const admitted = await admit(data);
+    const admitted = held ?? (await admit(data, chain.self));
     if (typeof admitted === 'string') return admitted;
     const { env, state, meta } = admitted;
     const step = admitted.step as AgentStep;
@@ -341,7 +480,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
           'turn job ahead of the committed turns: resuming from the committed turn',
         );
       }
-      await core.enqueueDue(runId, env.snapshot);
+      await core.enqueueDue(runId, env, chain.self);
       return stored > turn ? 'turn-committed' : 'turn-gap';
     }
     const outcome = await guarded(runId, stepId, attempt, jobSignal, (signal) =>
@@ -357,12 +496,12 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
         signal,
       }),
     );
-    const early = await endsEarly(runId, env, outcome);
+    const early = await endsEarly(runId, env, outcome, data);
     if (early !== null || outcome.kind === 'budget') return early ?? 'budget';
     if (outcome.kind === 'failed') {
       // A failed turn commits nothing of itself: the step fails (or is retried) where it stood.
       const applied = await core.host.apply(runId, failed(stepId, attempt, outcome.error), env);
-      await core.enqueueDue(runId, applied.envelope.snapshot);
+      await core.enqueueDue(runId, applied.envelope, chain.self);
       await afterCommit(runId, meta, applied.transition.status);
       return 'failed';
     }
@@ -393,12 +532,15 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       const error = new MaxTurnsExceededError(stepId, step.maxTurns).toJSON();
       events.push(failed(stepId, attempt, error));
     }
-    const applied = await core.host.apply(runId, events, env, {
+    const { options: commitOptions, chained } = chaining(runId, chain, {
       appends: [core.history.appendOp(runId, stepId, cursor, messages)],
     });
+    const applied = await core.host.apply(runId, events, env, commitOptions);
     if (applied.committed) histories.committed(runId, stepId, cursor, messages);
     debugPoint(DebugPoint.afterCommit, `${stepId}:${turn}`);
-    await core.enqueueDue(runId, applied.envelope.snapshot);
+    const next = applied.committed ? chained() : null;
+    if (next !== null) return goOn(next, applied, chain);
+    await core.enqueueDue(runId, applied.envelope, chain.self);
     await afterCommit(runId, meta, applied.transition.status);
     return final !== null ? 'succeeded' : 'turn';
   }
@@ -430,7 +572,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       for (const runId of ids) {
         const env = await core.store.tryLoad(runId);
         if (env === null) await core.redis.srem(core.keys.activeRuns(), runId);
-        else await core.enqueueDue(runId, env.snapshot);
+        else await core.enqueueDue(runId, env);
       }
     } while (cursor !== '0');
   }
@@ -438,6 +580,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
   return {
     ready: () => ready,
     async close() {
+      closing = true;
       await ready.catch(() => {});
       await worker.close();
       subscriber.disconnect();

@@ -43,6 +43,8 @@ interface WorkerChild {
 
 interface ChildOptions {
   recoveryMs?: number;
+  /** The worker's `chainMs`. @defaultValue the worker's default */
+  chainMs?: number;
   concurrency?: number;
   recoverOnStart?: boolean;
   killAt?: string;
@@ -63,6 +65,7 @@ async function spawnWorker(o: ChildOptions = {}): Promise<WorkerChild> {
       CONCURRENCY: String(o.concurrency ?? 8),
       RECOVERY_MS: String(o.recoveryMs ?? 2000),
       RECOVER_ON_START: o.recoverOnStart === false ? '0' : '1',
+      CHAIN_MS: o.chainMs === undefined ? '' : String(o.chainMs),
       FLUJO_KILL_AT: o.killAt ?? '',
     },
     stdio: ['ignore', 'pipe', 'pipe'],
@@ -333,9 +336,12 @@ describe('driver: worker processes on one queue', () => {
 describe('driver: a crash between commit and enqueue heals', () => {
   const STEPS = ['s1', 's2', 's3'];
 
-  /** Starts a run on a child that dies right after committing s1; checks the crash window. */
+  /**
+   * Starts a run on a child that dies right after committing s1; checks the crash window. The
+   * child runs one job per unit (`chainMs: 0`): its commit of s1 is followed by an enqueue of s2.
+   */
   async function crashAfterCommit(recoveryMs: number) {
-    const victim = await spawnWorker({ recoveryMs, killAt: 'after-commit:s1' });
+    const victim = await spawnWorker({ recoveryMs, chainMs: 0, killAt: 'after-commit:s1' });
     const run = await rt.start(line(STEPS, 'count'), null);
     const exit = await waitFor('the child to die', async () => {
       const e = await Promise.race([victim.exited, sleep(20).then(() => undefined)]);
@@ -395,5 +401,85 @@ describe('driver: a crash between commit and enqueue heals', () => {
     const job = await rt.core.queue.getJob(stepJobId(run.runId, 's1', 1));
     expect(job?.returnvalue).toBe('already-done');
     expect(await job?.getState()).toBe('completed');
+  }, 30_000);
+});
+
+describe('driver: chained units', () => {
+  const STEPS = ['s1', 's2', 's3'];
+
+  it('one job carries a line of steps; the run is committed step by step as usual', async () => {
+    const worker = await spawnWorker({ recoverOnStart: false });
+    const run = await rt.start(line(STEPS, 'count'), null);
+    const done = await run.settled({ timeoutMs: 10_000 });
+    expect(done.status).toBe('succeeded');
+    expect(done.summary.produced).toEqual({ s1: { count: 1 }, s2: { count: 2 }, s3: { count: 3 } });
+    const c = await committed(run.runId);
+    expect(Object.fromEntries(c.succeeded)).toEqual({ s1: 1, s2: 1, s3: 1 });
+    // s1's job ran the whole line: s2 and s3 never had jobs of their own.
+    expect(await rt.core.queue.getJobState(stepJobId(run.runId, 's1', 1))).toBe('completed');
+    expect(await rt.core.queue.getJob(stepJobId(run.runId, 's2', 1))).toBeUndefined();
+    expect(await rt.core.queue.getJob(stepJobId(run.runId, 's3', 1))).toBeUndefined();
+    const execs = executions().filter((e) => e.runId === run.runId);
+    expect(execs.map((e) => [e.stepId, e.pid])).toEqual(STEPS.map((id) => [id, worker.pid]));
+  }, 30_000);
+
+  it('a worker that starts while another carries a run leaves the carried unit to it', async () => {
+    const carrier = await spawnWorker({ recoverOnStart: false, chainMs: 60_000 });
+    const run = await rt.start(
+      {
+        name: 'slow-line',
+        steps: STEPS.map((id, i) => ({
+          id,
+          kind: 'operator' as const,
+          operator: 'slow',
+          input: { ms: 400 },
+          dependsOn: i === 0 ? [] : [STEPS[i - 1]!],
+        })),
+      },
+      null,
+    );
+    // s2 runs inside s1's job: the run has work and no job of its own for it.
+    await waitFor('s2 to start', () =>
+      executions().find((e) => e.runId === run.runId && e.stepId === 's2'),
+    );
+    expect(await rt.core.queue.getJob(stepJobId(run.runId, 's2', 1))).toBeUndefined();
+    const late = await spawnWorker({ recoverOnStart: true });
+    const done = await run.settled({ timeoutMs: 10_000 });
+    expect(done.status).toBe('succeeded');
+    // The late worker's start-up recovery saw the carrier at work and added nothing.
+    const execs = executions().filter((e) => e.runId === run.runId);
+    expect(execs.map((e) => [e.stepId, e.pid])).toEqual(STEPS.map((id) => [id, carrier.pid]));
+    expect(execs.some((e) => e.pid === late.pid)).toBe(false);
+    const c = await committed(run.runId);
+    expect(Object.fromEntries(c.succeeded)).toEqual({ s1: 1, s2: 1, s3: 1 });
+  }, 30_000);
+
+  it('a carrier killed after a commit mid-chain: its job comes back and the run goes on', async () => {
+    const victim = await spawnWorker({ recoveryMs: 1000, killAt: 'after-commit:s1' });
+    const run = await rt.start(line(STEPS, 'count'), null);
+    const exit = await waitFor('the child to die', () =>
+      Promise.race([victim.exited, sleep(20).then(() => undefined)]),
+    );
+    expect(exit).toEqual({ code: null, signal: 'SIGKILL' });
+    // s1 committed with a note that its job carries s2: s2 has no job of its own.
+    const env = await rt.core.store.load(run.runId);
+    expect(env.carrier).toBe(`${stepJobId(run.runId, 's1', 1)} ${stepJobId(run.runId, 's2', 1)}`);
+    expect(await rt.core.queue.getJob(stepJobId(run.runId, 's2', 1))).toBeUndefined();
+    // A worker that starts now, while the dead carrier's lock still holds, adds nothing: the
+    // carrier's job comes back once its lock lapses, and its guard gives s2 a job.
+    const healer = await spawnWorker({ recoveryMs: 1000, recoverOnStart: true });
+    expect(await rt.core.queue.getJob(stepJobId(run.runId, 's2', 1))).toBeUndefined();
+    const done = await run.settled({ timeoutMs: 10_000 });
+    expect(done.status).toBe('succeeded');
+    const c = await committed(run.runId);
+    expect(Object.fromEntries(c.succeeded)).toEqual({ s1: 1, s2: 1, s3: 1 });
+    const execs = executions().filter((e) => e.runId === run.runId);
+    expect(execs.map((e) => [e.stepId, e.pid])).toEqual([
+      ['s1', victim.pid],
+      ['s2', healer.pid],
+      ['s3', healer.pid],
+    ]);
+    const job = await rt.core.queue.getJob(stepJobId(run.runId, 's1', 1));
+    expect(job?.returnvalue).toBe('already-done');
   }, 30_000);
 });

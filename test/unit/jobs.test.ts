@@ -1,0 +1,99 @@
+import { describe, expect, it } from 'vitest';
+import { advanceRun, startRun, type RunSnapshot } from '../../src/machines/kernel.js';
+import type { RunEvent } from '../../src/schemas/events.js';
+import {
+  carrierNote,
+  dueJobs,
+  parseCarrierNote,
+  soleUnit,
+  stepJobId,
+  turnJobId,
+} from '../../src/worker/jobs.js';
+import { e, planOf, T0 } from '../helpers/run-trace.js';
+
+const line = planOf([
+  { id: 'a', kind: 'operator', operator: 'op' },
+  { id: 'b', kind: 'operator', operator: 'op', dependsOn: ['a'] },
+]);
+
+const diamond = planOf([
+  { id: 'a', kind: 'operator', operator: 'op' },
+  { id: 'b', kind: 'operator', operator: 'op', dependsOn: ['a'] },
+  { id: 'c', kind: 'operator', operator: 'op', dependsOn: ['a'] },
+  { id: 'd', kind: 'operator', operator: 'op', dependsOn: ['b', 'c'] },
+]);
+
+const agentLine = planOf([
+  { id: 'prep', kind: 'operator', operator: 'op' },
+  { id: 'chat', kind: 'agent', agent: 'helper', mode: 'granular', dependsOn: ['prep'] },
+]);
+
+function after(plan: ReturnType<typeof planOf>, events: RunEvent[]): RunSnapshot {
+  let snapshot = startRun(plan, { runId: 'r 1', at: T0 }).snapshot;
+  for (const event of events) snapshot = advanceRun(snapshot, event).snapshot;
+  return snapshot;
+}
+
+const turnCommitted = (stepId: string, turn: number): RunEvent => ({
+  type: 'turn.committed',
+  stepId,
+  attempt: 1,
+  turn,
+  cursor: 2 * (turn + 1),
+  fingerprint: 'f'.repeat(64),
+  at: T0 + 10 + turn,
+});
+
+describe('soleUnit: the one unit of work a run has in flight', () => {
+  it('is the RUNNING step of a line, with the job id its own job would have', () => {
+    const unit = soleUnit('r 1', after(line, [e.ok('a')]));
+    expect(unit).toEqual({
+      name: 'step',
+      data: { runId: 'r 1', stepId: 'b', attempt: 1 },
+      opts: { jobId: stepJobId('r 1', 'b', 1) },
+    });
+    expect(dueJobs('r 1', after(line, [e.ok('a')]), T0)).toEqual([unit]);
+  });
+
+  it('is null while two steps run side by side, and the join once they are done', () => {
+    expect(soleUnit('r 1', after(diamond, [e.ok('a')]))).toBeNull();
+    expect(soleUnit('r 1', after(diamond, [e.ok('a'), e.ok('b')]))?.data.stepId).toBe('c');
+    expect(soleUnit('r 1', after(diamond, [e.ok('a'), e.ok('b'), e.ok('c')]))?.opts.jobId).toBe(
+      stepJobId('r 1', 'd', 1),
+    );
+  });
+
+  it('is the next turn of a granular agent step', () => {
+    const snapshot = after(agentLine, [
+      e.ok('prep'),
+      turnCommitted('chat', 0),
+      turnCommitted('chat', 1),
+    ]);
+    expect(soleUnit('r 1', snapshot)).toEqual({
+      name: 'turn',
+      data: { runId: 'r 1', stepId: 'chat', attempt: 1, turn: 2 },
+      opts: { jobId: turnJobId('r 1', 'chat', 1, 2) },
+    });
+  });
+
+  it('is null when the run has ended or waits for a retry', () => {
+    expect(soleUnit('r 1', after(line, [e.ok('a'), e.ok('b')]))).toBeNull();
+    const waiting = after(line, [e.fail('a')]);
+    expect(soleUnit('r 1', waiting)).toBeNull();
+    // The retry is due work, but it has a delayed job of its own.
+    expect(dueJobs('r 1', waiting, T0).map((j) => j.name)).toEqual(['retry']);
+  });
+});
+
+describe('carrier notes', () => {
+  it('round trip the carrier job and the unit it carries', () => {
+    const note = { job: stepJobId('r 1', 'a', 1), unit: stepJobId('r 1', 'b', 1) };
+    expect(parseCarrierNote(carrierNote(note))).toEqual(note);
+  });
+
+  it('read nothing from an absent or malformed note', () => {
+    for (const bad of [undefined, '', 'one', ' lead', 'trail ']) {
+      expect(parseCarrierNote(bad)).toBeNull();
+    }
+  });
+});
