@@ -12,9 +12,10 @@ import type { JsonValue } from '../internal/json.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
 import { IDEMPOTENCY_KEY_ARG } from '../agents/tool-schema.js';
 import type { ChatMessage, ToolCall } from '../llm/messages.js';
-import type { Ledger } from '../persistence/ledger.js';
+import type { Ledger, LedgerEntry } from '../persistence/ledger.js';
 import { blobReceipt, refOfReceipt } from '../persistence/blob-store.js';
 import { callTool } from '../tools/call-tool.js';
+import { ToolClass } from '../tools/classify.js';
 import type { ToolDefinition } from '../tools/define-tool.js';
 
 const sha256 = (text: string): string => createHash('sha256').update(text, 'utf8').digest('hex');
@@ -32,6 +33,33 @@ export function turnCallId(
   toolCallId: string,
 ): string {
   return sha256(`${runId}:${stepId}:${turn}:${toolCallId}`);
+}
+
+/**
+ * Reads, in one round trip, the ledger entries of a granular turn's calls of read-only tools (the
+ * calls that take no lease, so reading them early changes nothing): by ledger call id. Sent beside
+ * the journal write of the reply, the read costs no round trip of its own.
+ */
+export function readOnlyEntries(
+  ledger: Ledger,
+  where: { agent: AgentDefinition; runId: string; stepId: string; tenantId: string; turn: number },
+  calls: readonly ToolCall[],
+): Map<string, Promise<LedgerEntry | null>> {
+  const { agent, runId, stepId, tenantId, turn } = where;
+  const ids: string[] = [];
+  for (const call of calls) {
+    const tool = agent.tools.find((t) => t.name === call.name);
+    if (tool?.class === ToolClass.ReadOnly) ids.push(turnCallId(runId, stepId, turn, call.id));
+  }
+  const known = new Map<string, Promise<LedgerEntry | null>>();
+  if (ids.length === 0) return known;
+  const entries = ledger.getMany(runId, tenantId, ids);
+  ids.forEach((id, i) => {
+    const entry = entries.then((e) => e[i] ?? null);
+    entry.catch(() => {}); // met by whoever uses the entry, if anyone does
+    known.set(id, entry);
+  });
+  return known;
 }
 
 /** What running a reply's tool calls needs. */
@@ -136,6 +164,7 @@ export async function runToolCalls(
   deps: ToolRunDeps,
   context: ToolRunContext,
   calls: readonly ToolCall[],
+  known: ReadonlyMap<string, Promise<LedgerEntry | null>> = new Map(),
 ): Promise<ChatMessage[]> {
   const { agent, runId, stepId, tenantId, attempt, turn, signal } = context;
   const tools = new Map(agent.tools.map((t) => [t.name, t]));
@@ -162,13 +191,17 @@ export async function runToolCalls(
       });
       continue;
     }
+    const callId =
+      context.mode === 'granular' ? turnCallId(runId, stepId, turn, call.id) : undefined;
+    const entry = callId === undefined ? undefined : known.get(callId);
     const result = await callTool({
       ledger: deps.ledger,
       tool,
       args: withTurnKey(tool, raw, key, context),
       ctx: { runId, stepId, tenantId, attempt, signal, turnKey: key },
       leaseMs: deps.leaseMs,
-      ...(context.mode === 'granular' ? { callId: turnCallId(runId, stepId, turn, call.id) } : {}),
+      ...(callId === undefined ? {} : { callId }),
+      ...(entry === undefined ? {} : { known: entry }),
       checkArgs: (parsed) => checkTurnKey(tool, parsed, key, context),
       ...(deps.beforeToolRun === undefined ? {} : { beforeRun: deps.beforeToolRun }),
       ...(storeResult === undefined ? {} : { recordAs: (r) => recordAs(storeResult, r) }),

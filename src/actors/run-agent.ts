@@ -16,9 +16,15 @@ import {
 } from '../llm/messages.js';
 import type { AgentStep } from '../plan/schema.js';
 import type { FingerprintStore } from '../persistence/fingerprint-store.js';
+import type { LedgerEntry } from '../persistence/ledger.js';
 import type { ModelJournal } from '../persistence/model-journal.js';
 import { MaxTurnsExceededError } from '../errors.js';
-import { runToolCalls, type ToolRunContext, type ToolRunDeps } from './agent-tools.js';
+import {
+  readOnlyEntries,
+  runToolCalls,
+  type ToolRunContext,
+  type ToolRunDeps,
+} from './agent-tools.js';
 import type { ModelContext } from './model-context.js';
 import type { RunUsageBudget, UsageMeter } from './usage-meter.js';
 
@@ -231,11 +237,18 @@ export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResu
   const history = cursor === 0 ? [] : await deps.readHistory(runId, step.id, cursor);
   const added: ChatMessage[] = turn === 0 ? [userMessage(args.input)] : [];
   let reply = await (args.journaled ?? deps.journal.get(runId, step.id, turn));
+  let known: ReadonlyMap<string, Promise<LedgerEntry | null>> | undefined;
   if (reply === null) {
     const fresh = await askModel(deps, args, turn, [...history, ...added]);
     debugPoint(DebugPoint.afterModelReply, `${step.id}:${turn}`);
     // The first reply recorded for the turn wins: a worker racing this one uses the same reply.
-    reply = (await deps.journal.record(runId, step.id, turn, fresh)).reply;
+    const recording = deps.journal.record(runId, step.id, turn, fresh);
+    // Sent with the journal write: what the ledger holds for the reply's read-only calls.
+    const where = { agent, runId, stepId: step.id, tenantId, turn };
+    const entries = readOnlyEntries(deps.ledger, where, toolCallsOf(fresh.message));
+    const recorded = await recording;
+    reply = recorded.reply;
+    if (recorded.recorded) known = entries;
     debugPoint(DebugPoint.afterJournal, `${step.id}:${turn}`);
   } else if (deps.meter !== undefined) {
     // The reply of a worker that stopped after journaling it: settle what that worker left open.
@@ -260,7 +273,7 @@ export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResu
       },
     };
   }
-  const results = await runToolCalls(deps, toolContext(args, turn, 'granular'), calls);
+  const results = await runToolCalls(deps, toolContext(args, turn, 'granular'), calls, known);
   debugPoint(DebugPoint.afterTools, `${step.id}:${turn}`);
   added.push(...results);
   return { messages: added, fingerprint: current.hash, final: null };

@@ -9,7 +9,7 @@
  */
 
 /** Bump when a script changes meaning, so clients never mix versions under one command name. */
-export const LEDGER_SCRIPT_VERSION = 2;
+export const LEDGER_SCRIPT_VERSION = 3;
 
 const PRELUDE = `
 local function now_ms(arg)
@@ -125,6 +125,37 @@ return take_lease(e, raw, ARGV[5], ARGV[6] == '1', now)
 `;
 
 /*
+ * record: the outcome of a read-only call, which ran without a lease (it has no effect a second
+ * run could repeat). Creates the entry with the outcome (runs 1). An entry that already has a
+ * receipt (an earlier run of the same call) is kept and returned, so every run of the call reads
+ * one receipt; an entry in any other state takes the outcome (runs + 1).
+ *   KEYS[1]  the ledger hash        ARGV[1] call id
+ *   ARGV[2]  the new entry (JSON): state SUCCEEDED with its receipt, or FAILED with its error
+ *   ARGV[3]  tool identity          ARGV[4] args hash      ARGV[5] now in ms, '' = Redis clock
+ *   Returns  'recorded' | 'succeeded' (a receipt was there; unchanged) |
+ *            'mismatch' (another tool or other args; unchanged)
+ */
+const RECORD = `
+local now = now_ms(ARGV[5])
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+local fresh = cjson.decode(ARGV[2])
+if not raw then
+  fresh.seq = redis.call('HLEN', KEYS[1]) + 1
+  fresh.createdAt = now
+  return reply('recorded', save(fresh, now), now)
+end
+local e = cjson.decode(raw)
+if e.tool ~= ARGV[3] or e.argsHash ~= ARGV[4] then return reply('mismatch', raw, now) end
+if e.state == 'SUCCEEDED' then return reply('succeeded', raw, now) end
+e.state = fresh.state
+e.runs = e.runs + 1
+e.leaseUntil = cjson.null
+e.receipt = fresh.receipt
+e.error = fresh.error
+return reply('recorded', save(e, now), now)
+`;
+
+/*
  * renewLease: extends the lease of the caller's own run of the tool.
  *   KEYS[1]  the ledger hash   ARGV[1] call id   ARGV[2] lease ms   ARGV[3] the caller's run number
  *   ARGV[4]  now in ms, '' = Redis clock
@@ -198,6 +229,7 @@ export const LEDGER_SCRIPTS = {
   prepare: PRELUDE + PREPARE,
   markRunning: PRELUDE + MARK_RUNNING,
   begin: PRELUDE + BEGIN,
+  record: PRELUDE + RECORD,
   renewLease: PRELUDE + RENEW,
   finish: PRELUDE + FINISH,
   resolve: PRELUDE + RESOLVE,

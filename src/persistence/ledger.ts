@@ -6,6 +6,7 @@
  *
  *   PREPARED → RUNNING → SUCCEEDED | FAILED;  RUNNING (lease expired) → IN_DOUBT
  *   FAILED (retryable) | IN_DOUBT (idempotent re-run) → RUNNING;  IN_DOUBT → SUCCEEDED | PREPARED (resolve)
+ *   read-only calls, which take no lease: (none) → SUCCEEDED | FAILED (record)
  */
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
@@ -93,6 +94,9 @@ export interface LedgerWriteResult {
 /** A person's verdict on a call in doubt: it did happen (with this receipt), or run it again. */
 export type LedgerResolutionInput = { succeeded: JsonValue } | { retry: true };
 
+/** What {@link Ledger.record} writes: the receipt of a read-only call that ran, or its error. */
+export type RecordedOutcome = { receipt: JsonValue } | { error: SerializedError };
+
 /** Options of {@link Ledger.markRunning}. */
 export interface MarkRunningOptions {
   /**
@@ -127,6 +131,13 @@ export interface Ledger {
    * FAILED (final error): do not run it. Throws as `prepare` and `markRunning` do.
    */
   begin(call: PrepareCall, leaseMs: number, options?: MarkRunningOptions): Promise<LedgerEntry>;
+  /**
+   * Records the outcome of a read-only call that ran without a lease (it has no effect a second
+   * run could repeat, so it needs none). `applied` is false when the entry already had a receipt:
+   * that receipt stands and is returned, so every run of the call reads the same one. Throws
+   * `NonDeterminismError` when the entry has another tool or other arguments.
+   */
+  record(call: PrepareCall, outcome: RecordedOutcome): Promise<LedgerWriteResult>;
   /** Extends the lease, only while RUNNING with run number `runs`. */
   renewLease(
     runId: string,
@@ -153,6 +164,12 @@ export interface Ledger {
   ): Promise<LedgerWriteResult>;
   /** The entry, or null. */
   get(runId: string, tenantId: string, callId: string): Promise<LedgerEntry | null>;
+  /** The entries of several calls in one round trip, in the order asked (null: none). */
+  getMany(
+    runId: string,
+    tenantId: string,
+    callIds: readonly string[],
+  ): Promise<(LedgerEntry | null)[]>;
   /** Every entry of the run and tenant, in creation order. */
   list(runId: string, tenantId: string): Promise<LedgerEntry[]>;
   /**
@@ -305,8 +322,14 @@ export function createLedger(options: LedgerOptions): Ledger {
     return { entry, applied: status === 'applied' };
   }
 
-  /** The new entry a call would get, and its args hash; refuses an empty step or tool. */
-  function freshEntry(call: PrepareCall): { fresh: string; hash: string } {
+  /**
+   * The new entry a call would get (PREPARED, or as `over` says), and its args hash; refuses an
+   * empty step or tool.
+   */
+  function freshEntry(
+    call: PrepareCall,
+    over: Record<string, unknown> = {},
+  ): { fresh: string; hash: string } {
     const { runId, stepId, tenantId, callId, tool, args } = call;
     for (const [field, value] of [
       ['stepId', stepId],
@@ -319,7 +342,7 @@ export function createLedger(options: LedgerOptions): Ledger {
     const fresh = {
       callId, runId, stepId, tenantId, tool, argsHash: hash, args: JSON.stringify(args),
       state: LedgerState.Prepared, runs: 0, leaseUntil: null, receipt: null, error: null,
-      createdAt: 0, updatedAt: 0, resolution: null, seq: 0,
+      createdAt: 0, updatedAt: 0, resolution: null, seq: 0, ...over,
     }; // prettier-ignore
     return { fresh: JSON.stringify(fresh), hash };
   }
@@ -360,6 +383,25 @@ export function createLedger(options: LedgerOptions): Ledger {
       const args = [fresh, tool, hash, String(leaseMs), rerun];
       const reply = await run('begin', runId, tenantId, callId, args);
       return runningOrRecorded(reply, { runId, tenantId, callId, tool, hash });
+    },
+
+    async record(call, outcome) {
+      const { runId, tenantId, callId, tool } = call;
+      let entry: Record<string, unknown>;
+      if ('receipt' in outcome) {
+        assertPlainJson(outcome.receipt, 'tool receipt', 'receipt');
+        entry = { state: LedgerState.Succeeded, receipt: JSON.stringify(outcome.receipt) };
+      } else {
+        const checked = serializedErrorSchema.safeParse(outcome.error);
+        if (!checked.success) {
+          refuse('tool error', 'error', 'must be a SerializedError (FlujoError#toJSON())');
+        }
+        entry = { state: LedgerState.Failed, error: JSON.stringify(checked.data) };
+      }
+      const { fresh, hash } = freshEntry(call, { ...entry, runs: 1 });
+      const reply = await run('record', runId, tenantId, callId, [fresh, tool, hash]);
+      const checked = runningOrRecorded(reply, { runId, tenantId, callId, tool, hash });
+      return { entry: checked, applied: reply.status === 'recorded' };
     },
 
     async prepare(call) {
@@ -418,6 +460,18 @@ export function createLedger(options: LedgerOptions): Ledger {
       try {
         const raw = await redis.hget(key, callId);
         return raw === null ? null : decodeEntry(raw);
+      } catch (error) {
+        throw classifyRedisError(error, redis);
+      }
+    },
+
+    async getMany(runId, tenantId, callIds) {
+      const key = keys.ledger(runId, tenantId);
+      for (const callId of callIds) checkCallId(callId);
+      if (callIds.length === 0) return [];
+      try {
+        const raws = await redis.hmget(key, ...callIds);
+        return raws.map((raw) => (raw === null ? null : decodeEntry(raw)));
       } catch (error) {
         throw classifyRedisError(error, redis);
       }

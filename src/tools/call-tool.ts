@@ -1,9 +1,12 @@
 /**
  * The ledger-guarded tool gateway: every tool call is checked against the ledger before it runs and
  * its outcome is recorded after, so a recorded call is never run again and a call whose outcome is
- * unknown is re-run only when the tool can take it (same idempotency key), never blindly.
+ * unknown is re-run only when the tool can take it (same idempotency key), never blindly. A
+ * read-only call takes no lease: it has no effect that a second run could repeat, so it is never
+ * in doubt and costs one write (its receipt) instead of two.
  */
 import {
+  NonDeterminismError,
   reviveError,
   toFlujoError,
   ToolCallBusyError,
@@ -11,8 +14,9 @@ import {
 } from '../errors.js';
 import { debugPoint, DebugPoint } from '../internal/debug-points.js';
 import type { JsonValue } from '../internal/json.js';
-import type { Ledger, LedgerEntry } from '../persistence/ledger.js';
-import { ledgerCallId } from '../persistence/ledger-ids.js';
+import type { Ledger, LedgerEntry, PrepareCall } from '../persistence/ledger.js';
+import { argsHash, ledgerCallId } from '../persistence/ledger-ids.js';
+import { ToolClass } from './classify.js';
 import {
   canRerunInDoubt,
   parseToolArgs,
@@ -65,6 +69,11 @@ export interface CallToolOptions {
    * @defaultValue the result itself
    */
   recordAs?: (result: JsonValue) => Promise<JsonValue>;
+  /**
+   * For a read-only tool: the call's ledger entry as read beforehand (e.g. in the same round trip
+   * as the turn's journal), so it need not be read again. @defaultValue read here
+   */
+  known?: Promise<LedgerEntry | null>;
 }
 
 /** What {@link callTool} returns. */
@@ -103,6 +112,7 @@ export async function callTool(options: CallToolOptions): Promise<CallToolResult
     options.callId ?? ledgerCallId({ tenantId, runId, stepId, tool: tool.identity, args });
 
   const call = { runId, stepId, tenantId, callId, tool: tool.identity, args };
+  if (tool.class === ToolClass.ReadOnly) return runReadOnly(options, call);
   const rerun = canRerunInDoubt(tool);
   if (options.beforeRun === undefined) {
     // Nothing to check between recording the call and taking its lease: one atomic step.
@@ -120,6 +130,72 @@ export async function callTool(options: CallToolOptions): Promise<CallToolResult
   await options.beforeRun?.();
   const entry = await ledger.markRunning(runId, tenantId, callId, leaseMs, { rerunInDoubt: rerun });
   return recordedOutcome(entry) ?? runOwned(options, args, entry, leaseMs, rerun);
+}
+
+/**
+ * A read-only call: its recorded receipt (or final error) when the ledger has one; else the tool
+ * runs, with no lease, and its outcome is recorded. When another run of the call recorded a
+ * receipt meanwhile, that receipt stands and is returned.
+ */
+async function runReadOnly(options: CallToolOptions, call: PrepareCall): Promise<CallToolResult> {
+  const { ledger, tool, ctx } = options;
+  const { runId, stepId, tenantId, callId, args } = call;
+  const known = await (options.known ?? ledger.get(runId, tenantId, callId));
+  if (known !== null) {
+    if (known.tool !== tool.identity || known.argsHash !== argsHash(args)) {
+      throw new NonDeterminismError(
+        runId,
+        callId,
+        { tool: known.tool, argsHash: known.argsHash },
+        { tool: tool.identity, argsHash: argsHash(args) },
+      );
+    }
+    const recorded = recordedOutcome(known);
+    if (recorded !== undefined) return recorded;
+  }
+  ctx.signal?.throwIfAborted();
+  await options.beforeRun?.();
+  const toolCtx: ToolContext = {
+    idempotencyKey: callId,
+    signal: ctx.signal ?? new AbortController().signal,
+    runId,
+    stepId,
+    callId,
+    attempt: ctx.attempt,
+    tenantId,
+    turnKey: ctx.turnKey,
+  };
+  let value: unknown;
+  try {
+    value = await tool.run(args, toolCtx);
+  } catch (thrown) {
+    const error = toFlujoError(thrown, true);
+    // Cut off mid-call: nothing to record (a read-only call can always run again).
+    if (!ctx.signal?.aborted) await ledger.record(call, { error: error.toJSON() });
+    throw error;
+  }
+  debugPoint(DebugPoint.afterToolEffect, tool.name);
+  let receipt: JsonValue;
+  try {
+    receipt = await parseToolOutput(tool, value);
+  } catch (thrown) {
+    // A tool that returns what its schema refuses is a bug: final, like in the leased path.
+    const error = toFlujoError(thrown);
+    await ledger.record(call, { error: { ...error.toJSON(), retryable: false } });
+    throw error;
+  }
+  if (options.recordAs !== undefined) {
+    try {
+      receipt = await options.recordAs(receipt);
+    } catch {
+      // Recorded as it is; the caller meets the conversion's error again when it uses the receipt.
+    }
+  }
+  const { entry, applied } = await ledger.record(call, { receipt });
+  debugPoint(DebugPoint.afterReceipt, tool.name);
+  return applied
+    ? { receipt, replayed: false, entry }
+    : { receipt: entry.receipt, replayed: true, entry };
 }
 
 /** Runs the tool under the lease of run number `entry.runs` and records the outcome. */

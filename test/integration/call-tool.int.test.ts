@@ -332,3 +332,80 @@ describe('callTool', () => {
     expect(plainEntry).toMatchObject({ tool: 'plain@1', state: 'RUNNING', runs: 1 });
   });
 });
+
+describe('callTool: read-only tools take no lease', () => {
+  let runs: number;
+  const lookup = () =>
+    defineTool({
+      name: 'lookup',
+      input: z.object({ q: z.string() }),
+      class: 'read_only',
+      run: ({ q }) => ({ q, n: ++runs }),
+    });
+  const read = (over: Partial<CallToolOptions> = {}) =>
+    callTool({ ledger, tool: lookup(), args: { q: 'x' }, ctx, callId: 'c-ro', ...over });
+  beforeEach(() => {
+    runs = 0;
+  });
+
+  it('runs, then records the receipt in one write; a second call replays it', async () => {
+    const first = await read();
+    expect(first).toMatchObject({ replayed: false, receipt: { q: 'x', n: 1 } });
+    expect(first.entry).toMatchObject({
+      state: 'SUCCEEDED',
+      runs: 1,
+      leaseUntil: null,
+      tool: 'lookup@1',
+      seq: 1,
+    });
+    const second = await read();
+    expect(second).toEqual({ receipt: first.receipt, replayed: true, entry: first.entry });
+    // Read beforehand (as a granular turn does beside its journal write): the same answer.
+    const third = await read({ known: ledger.get('run-1', 'acme', 'c-ro') });
+    expect(third.replayed).toBe(true);
+    expect(runs).toBe(1);
+  });
+
+  it('a receipt another run recorded meanwhile stands: the later run returns it', async () => {
+    // The other run read the ledger before this one recorded: it runs the tool too.
+    const stale = Promise.resolve(null);
+    const first = await read();
+    const late = await read({ known: stale });
+    expect(runs).toBe(2);
+    expect(late).toMatchObject({ replayed: true, receipt: first.receipt });
+    expect(await ledger.list('run-1', 'acme')).toEqual([first.entry]);
+  });
+
+  it('is never in doubt: a call left RUNNING by a dead worker just runs again', async () => {
+    await ledger.prepare({ ...ctx, callId: 'c-ro', tool: 'lookup@1', args: { q: 'x' } });
+    await ledger.markRunning(ctx.runId, ctx.tenantId, 'c-ro', 100);
+    now += 101;
+    const result = await read();
+    expect(result).toMatchObject({ replayed: false, receipt: { q: 'x', n: 1 } });
+    expect(result.entry).toMatchObject({ state: 'SUCCEEDED', runs: 2, leaseUntil: null });
+  });
+
+  it('records a failure; the same call id with other arguments is refused, nothing runs', async () => {
+    const failing = defineTool({
+      name: 'lookup',
+      input: z.object({ q: z.string() }),
+      class: 'read_only',
+      run: () => {
+        throw new FlakyError();
+      },
+    });
+    const error = await caught(
+      callTool({ ledger, tool: failing, args: { q: 'x' }, ctx, callId: 'c-ro' }),
+    );
+    expect(error).toBeInstanceOf(FlakyError);
+    expect(await ledger.get('run-1', 'acme', 'c-ro')).toMatchObject({
+      state: 'FAILED',
+      error: { name: 'FlakyError', retryable: true },
+    });
+    // A retryable failure runs again, and the receipt replaces it.
+    expect((await read()).entry).toMatchObject({ state: 'SUCCEEDED', runs: 2 });
+    const other = await caught(read({ args: { q: 'y' } }));
+    expect(other).toMatchObject({ code: 'non_determinism' });
+    expect(runs).toBe(1);
+  });
+});
