@@ -8,6 +8,9 @@
  *     20 requests with the same growing conversation, no Redis;
  *   - a bare WATCH/HGET/MULTI/HSET/XADD/RPUSH/EXEC commit of a payload the size of a granular turn's
  *     commit (its snapshot, events and messages, measured from a real run): the CAS floor.
+ * The worker runs as configured by default: a granular step's turns follow one another in the job
+ * of its first turn (chained units, see `chainMs`). At 0 ms, granular is also timed with one job
+ * per turn (`chainMs: 0`), so the cost of a turn's own queue hop stays visible.
  * A run's time is read from its own events (`run.created` → `run.finished`).
  *
  *   npm run bench:agent
@@ -100,6 +103,7 @@ async function agentRuns(
   mode: Mode,
   latencyMs: number,
   runs: number,
+  chainMs?: number,
 ): Promise<{ ms: number; runIds: string[]; prefix: string }> {
   const prefix = `b${randomUUID().slice(0, 6)}`;
   const runtime = createRuntime({ redis: url, prefix, logger: silentLogger }).agent(agent);
@@ -107,7 +111,11 @@ async function agentRuns(
   const idle = async () => {
     while ((await redis.scard(keys.activeRuns())) > 0) await sleep(10);
   };
-  const worker = runtime.createWorker({ concurrency: 1, recoverOnStart: false });
+  const worker = runtime.createWorker({
+    concurrency: 1,
+    recoverOnStart: false,
+    ...(chainMs === undefined ? {} : { chainMs }),
+  });
   await worker.ready();
   const thePlan = agentPlan(agent, mode);
   const replies = script(latencyMs);
@@ -271,6 +279,7 @@ try {
   await modelRoundTrips(model, 5);
   await agentRuns(server.url, model, agent, 'atomic', 0, 5);
   const warm = await agentRuns(server.url, model, agent, 'granular', 0, 5);
+  await agentRuns(server.url, model, agent, 'granular', 0, 5, 0);
   const payload = await turnPayload(server.url, warm.prefix, warm.runIds[0]!);
   await bareCas(server.url, payload, 1000);
 
@@ -281,6 +290,7 @@ try {
     granular0: [] as number[],
     atomic50: [] as number[],
     granular50: [] as number[],
+    single0: [] as number[],
   };
   for (let rep = 0; rep < REPS; rep++) {
     rows.model.push(await modelRoundTrips(model, RUNS));
@@ -294,6 +304,8 @@ try {
         rows[`${mode}${latency}`].push(perTurn(ms, runs));
       }
     }
+    const single = await agentRuns(server.url, model, agent, 'granular', 0, RUNS, 0);
+    rows.single0.push(perTurn(single.ms, RUNS));
   }
 
   const bytes =
@@ -321,6 +333,7 @@ try {
     console.log(`\n${latency} ms model`);
     row('atomic', atomic, 'ms/turn');
     row('granular', granular, 'ms/turn', latency === 0 ? '  (target ≤ 1.5)' : '');
+    if (latency === 0) row('granular, one job per turn', rows.single0, 'ms/turn', '  chainMs: 0');
     const ratio = median(granular) / median(atomic);
     console.log(
       `  ${'granular / atomic'.padEnd(34)}${ratio.toFixed(3).padStart(8)}${latency === 50 ? '          (target ≤ 1.05)' : ''}`,

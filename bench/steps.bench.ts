@@ -3,7 +3,10 @@
  * beside two floors measured in the same run on the same server:
  *   - a raw BullMQ job-per-step chain (each job adds the next one: the queueing floor),
  *   - a bare WATCH/HGET/MULTI/HSET/XADD/EXEC commit of a same-size snapshot (the CAS floor).
- * For AOF `everysec` and `always`: ms per step at concurrency 1, steps/s at concurrency 32.
+ * For AOF `everysec` and `always`: ms per step at concurrency 1, steps/s at concurrency 32. The
+ * worker runs as configured by default (a job goes on with the next step of its run: chained
+ * units, see `chainMs`); each figure is also given for one job per step (`chainMs: 0`), so the
+ * cost of a step's own queue hop stays visible.
  *
  *   npm run bench:steps
  *   BENCH_REPS=5 BENCH_RUNS=200 npm run bench:steps
@@ -107,7 +110,12 @@ async function bareCas(url: string, n: number): Promise<number> {
  * last run's finish. Completion is detected with one SCARD of the active-runs set, so waiting
  * costs the worker nothing. Returns elapsed ms.
  */
-async function flujoRuns(url: string, runs: number, concurrency: number): Promise<number> {
+async function flujoRuns(
+  url: string,
+  runs: number,
+  concurrency: number,
+  chainMs?: number,
+): Promise<number> {
   const runtime = createRuntime({ redis: url, prefix: `b${randomUUID().slice(0, 6)}` });
   runtime.operator('noop', () => null);
   const { redis, keys } = runtime.core;
@@ -118,7 +126,11 @@ async function flujoRuns(url: string, runs: number, concurrency: number): Promis
   let workerStart = 0;
   let worker;
   if (concurrency === 1) {
-    worker = runtime.createWorker({ concurrency, recoverOnStart: false });
+    worker = runtime.createWorker({
+      concurrency,
+      recoverOnStart: false,
+      ...(chainMs === undefined ? {} : { chainMs }),
+    });
     await worker.ready();
     for (let i = 0; i < runs; i++) {
       ids.push((await runtime.start(plan, null)).runId);
@@ -127,7 +139,11 @@ async function flujoRuns(url: string, runs: number, concurrency: number): Promis
   } else {
     await runtime.core.queue.pause();
     for (let i = 0; i < runs; i++) ids.push((await runtime.start(plan, null)).runId);
-    worker = runtime.createWorker({ concurrency, recoverOnStart: false });
+    worker = runtime.createWorker({
+      concurrency,
+      recoverOnStart: false,
+      ...(chainMs === undefined ? {} : { chainMs }),
+    });
     await worker.ready();
     workerStart = Date.now();
     await runtime.core.queue.resume();
@@ -158,12 +174,16 @@ async function measure(appendfsync: 'everysec' | 'always'): Promise<number> {
       flujo1: [], // ms per step, flujo, concurrency 1
       chain32: [], // steps/s, BullMQ chains, concurrency 32
       flujo32: [], // steps/s, flujo, concurrency 32
+      single1: [], // ms per step, flujo with one job per step, concurrency 1
+      single32: [], // steps/s, flujo with one job per step, concurrency 32
     };
     // Warm-up of both paths, at both concurrencies, so every figure below is of warm code.
     await bullmqChains(server.url, 20, 1);
     await flujoRuns(server.url, 5, 1);
     await bullmqChains(server.url, PAR_RUNS, CONCURRENCY);
     await flujoRuns(server.url, PAR_RUNS, CONCURRENCY);
+    await flujoRuns(server.url, 5, 1, 0);
+    await flujoRuns(server.url, PAR_RUNS, CONCURRENCY, 0);
     for (let rep = 0; rep < REPS; rep++) {
       rows.chain1!.push((await bullmqChains(server.url, SEQ_RUNS, 1)) / (SEQ_RUNS * STEPS));
       rows.cas!.push((await bareCas(server.url, 2000)) / 1000);
@@ -173,6 +193,10 @@ async function measure(appendfsync: 'everysec' | 'always'): Promise<number> {
       );
       rows.flujo32!.push(
         (PAR_RUNS * STEPS) / ((await flujoRuns(server.url, PAR_RUNS, CONCURRENCY)) / 1000),
+      );
+      rows.single1!.push((await flujoRuns(server.url, SEQ_RUNS, 1, 0)) / (SEQ_RUNS * STEPS));
+      rows.single32!.push(
+        (PAR_RUNS * STEPS) / ((await flujoRuns(server.url, PAR_RUNS, CONCURRENCY, 0)) / 1000),
       );
     }
     const floor = median(rows.chain1!) + median(rows.cas!);
@@ -189,9 +213,15 @@ async function measure(appendfsync: 'everysec' | 'always'): Promise<number> {
     console.log(
       `  flujo / (chain + CAS) floor     ${(median(rows.flujo1!) / floor).toFixed(2)}  (target ≤ 2)`,
     );
+    console.log(
+      `  one job per step, conc. 1       ${median(rows.single1!).toFixed(3)} ms/step  (${spread(rows.single1!)}); / floor ${(median(rows.single1!) / floor).toFixed(2)}`,
+    );
     console.log(`  BullMQ chains, concurrency 32   ${median(rows.chain32!).toFixed(0)} steps/s`);
     console.log(
       `  flujo, concurrency 32           ${median(rows.flujo32!).toFixed(0)} steps/s  (${spread(rows.flujo32!)})`,
+    );
+    console.log(
+      `  one job per step, conc. 32      ${median(rows.single32!).toFixed(0)} steps/s  (${spread(rows.single32!)})`,
     );
     return median(rows.flujo32!);
   } finally {

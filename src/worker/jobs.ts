@@ -140,6 +140,14 @@ export function plannedJobs(
   return jobs;
 }
 
+/** The job of a step or turn unit, from its data (a turn when it names one). */
+export function unitJobOf(data: JobData): JobSpec {
+  const { runId, stepId, attempt, turn } = data;
+  return turn === undefined
+    ? { name: JobName.step, data, opts: { jobId: stepJobId(runId, stepId!, attempt!) } }
+    : { name: JobName.turn, data, opts: { jobId: turnJobId(runId, stepId!, attempt!, turn) } };
+}
+
 /**
  * The run's one unit of work in flight, when it has exactly one: its only RUNNING step attempt (or
  * that granular step's next turn). Null when the run has ended, or has no RUNNING step, or several.

@@ -25,15 +25,7 @@ import type { RunEvent } from '../schemas/events.js';
 import { coalesceWrites } from '../persistence/write-coalescing.js';
 import { abortMessage, type RunMeta, type RuntimeCore } from './core.js';
 import { HistoryCache } from './history-cache.js';
-import {
-  carrierNote,
-  JobName,
-  soleUnit,
-  stepJobId,
-  turnJobId,
-  type JobData,
-  type JobSpec,
-} from './jobs.js';
+import { carrierNote, JobName, soleUnit, unitJobOf, type JobData, type JobSpec } from './jobs.js';
 
 /** What the steps `ids` produced (those that produced something), by step id. */
 function outputsOf(snapshot: RunSnapshot, ids: readonly string[]): Record<string, JsonValue> {
@@ -52,14 +44,6 @@ interface Chain {
   /** The job's id: the carrier named in the notes of its chained commits. */
   self: string;
   mayGoOn(): boolean;
-}
-
-/** The job of a step or turn unit, from its data. */
-function unitOf(data: JobData): JobSpec {
-  const { runId, stepId, attempt, turn } = data;
-  return turn === undefined
-    ? { name: JobName.step, data, opts: { jobId: stepJobId(runId, stepId!, attempt!) } }
-    : { name: JobName.turn, data, opts: { jobId: turnJobId(runId, stepId!, attempt!, turn) } };
 }
 
 /**
@@ -352,7 +336,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
   ): Promise<UnitOutcome | null> {
     if (result.kind === 'failed' && result.error.code === 'tool_call_busy') {
       const retryAfterMs = Math.max(50, result.error.retryAfterMs ?? 1000);
-      return { retryAfterMs, unit: unitOf(data) };
+      return { retryAfterMs, unit: unitJobOf(data) };
     }
     if (result.kind === 'budget') {
       await stopForBudget(runId, env, result.error.details as JsonValue);

@@ -8,6 +8,7 @@ import {
   soleUnit,
   stepJobId,
   turnJobId,
+  unitJobOf,
 } from '../../src/worker/jobs.js';
 import { e, planOf, T0 } from '../helpers/run-trace.js';
 
@@ -82,6 +83,20 @@ describe('soleUnit: the one unit of work a run has in flight', () => {
     expect(soleUnit('r 1', waiting)).toBeNull();
     // The retry is due work, but it has a delayed job of its own.
     expect(dueJobs('r 1', waiting, T0).map((j) => j.name)).toEqual(['retry']);
+  });
+});
+
+describe('unitJobOf', () => {
+  it('gives a unit its own job back from its data: a step, or a turn when it names one', () => {
+    const step = { runId: 'r 1', stepId: 'b', attempt: 2 };
+    expect(unitJobOf(step)).toEqual({
+      name: 'step',
+      data: step,
+      opts: { jobId: stepJobId('r 1', 'b', 2) },
+    });
+    const turn = { ...step, turn: 3 };
+    expect(unitJobOf(turn).opts.jobId).toBe(turnJobId('r 1', 'b', 2, 3));
+    expect(unitJobOf(turn).name).toBe('turn');
   });
 });
 
