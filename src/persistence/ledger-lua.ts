@@ -22,6 +22,13 @@ local function expired(e, now)
   return e.state == 'RUNNING' and not is_null(e.leaseUntil) and tonumber(e.leaseUntil) < now
 end
 local function reply(status, raw, now) return {status, raw or '', string.format('%d', now)} end
+-- A new entry (decoded from the caller's JSON) gets its place in the run's order and its birth.
+local function fresh_entry(json, now)
+  local e = cjson.decode(json)
+  e.seq = redis.call('HLEN', KEYS[1]) + 1
+  e.createdAt = now
+  return e
+end
 local function save(e, now)
   e.updatedAt = now
   local raw = cjson.encode(e)
@@ -67,12 +74,7 @@ end
 const PREPARE = `
 local now = now_ms(ARGV[5])
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if not raw then
-  local e = cjson.decode(ARGV[2])
-  e.seq = redis.call('HLEN', KEYS[1]) + 1
-  e.createdAt = now
-  return reply('created', save(e, now), now)
-end
+if not raw then return reply('created', save(fresh_entry(ARGV[2], now), now), now) end
 local e = cjson.decode(raw)
 if e.tool ~= ARGV[3] or e.argsHash ~= ARGV[4] then return reply('mismatch', raw, now) end
 if expired(e, now) then
@@ -117,9 +119,7 @@ if raw then
   e = cjson.decode(raw)
   if e.tool ~= ARGV[3] or e.argsHash ~= ARGV[4] then return reply('mismatch', raw, now) end
 else
-  e = cjson.decode(ARGV[2])
-  e.seq = redis.call('HLEN', KEYS[1]) + 1
-  e.createdAt = now
+  e = fresh_entry(ARGV[2], now)
 end
 return take_lease(e, raw, ARGV[5], ARGV[6] == '1', now)
 `;
@@ -138,12 +138,8 @@ return take_lease(e, raw, ARGV[5], ARGV[6] == '1', now)
 const RECORD = `
 local now = now_ms(ARGV[5])
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return reply('recorded', save(fresh_entry(ARGV[2], now), now), now) end
 local fresh = cjson.decode(ARGV[2])
-if not raw then
-  fresh.seq = redis.call('HLEN', KEYS[1]) + 1
-  fresh.createdAt = now
-  return reply('recorded', save(fresh, now), now)
-end
 local e = cjson.decode(raw)
 if e.tool ~= ARGV[3] or e.argsHash ~= ARGV[4] then return reply('mismatch', raw, now) end
 if e.state == 'SUCCEEDED' then return reply('succeeded', raw, now) end

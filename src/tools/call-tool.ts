@@ -8,6 +8,7 @@
 import {
   NonDeterminismError,
   reviveError,
+  type SerializedError,
   toFlujoError,
   ToolCallBusyError,
   ToolOutcomeUnknownError,
@@ -132,6 +133,55 @@ export async function callTool(options: CallToolOptions): Promise<CallToolResult
   return recordedOutcome(entry) ?? runOwned(options, args, entry, leaseMs, rerun);
 }
 
+const NEVER = new AbortController().signal;
+
+/** What a tool is given with its arguments: the call's identity and the signal it runs under. */
+function toolContextOf(
+  call: Pick<PrepareCall, 'runId' | 'stepId' | 'tenantId' | 'callId'>,
+  ctx: CallToolContext,
+  signal: AbortSignal,
+): ToolContext {
+  const { runId, stepId, tenantId, callId } = call;
+  return {
+    idempotencyKey: callId,
+    signal,
+    runId,
+    stepId,
+    callId,
+    attempt: ctx.attempt,
+    tenantId,
+    turnKey: ctx.turnKey,
+  };
+}
+
+/**
+ * The receipt of what a tool returned: parsed by the tool's output schema, then put in the form
+ * `recordAs` gives it. A result the schema refuses is final (the call ran: it is never re-run):
+ * recorded with `fail`, then thrown.
+ */
+async function receiptOf(
+  options: CallToolOptions,
+  value: unknown,
+  fail: (error: SerializedError) => Promise<unknown>,
+): Promise<JsonValue> {
+  let receipt: JsonValue;
+  try {
+    receipt = await parseToolOutput(options.tool, value);
+  } catch (thrown) {
+    const error = toFlujoError(thrown);
+    await fail({ ...error.toJSON(), retryable: false });
+    throw error;
+  }
+  if (options.recordAs !== undefined) {
+    try {
+      receipt = await options.recordAs(receipt);
+    } catch {
+      // Recorded as it is; the caller meets the conversion's error again when it uses the receipt.
+    }
+  }
+  return receipt;
+}
+
 /**
  * A read-only call: its recorded receipt (or final error) when the ledger has one; else the tool
  * runs, with no lease, and its outcome is recorded. When another run of the call recorded a
@@ -139,7 +189,7 @@ export async function callTool(options: CallToolOptions): Promise<CallToolResult
  */
 async function runReadOnly(options: CallToolOptions, call: PrepareCall): Promise<CallToolResult> {
   const { ledger, tool, ctx } = options;
-  const { runId, stepId, tenantId, callId, args } = call;
+  const { runId, tenantId, callId, args } = call;
   const known = await (options.known ?? ledger.get(runId, tenantId, callId));
   if (known !== null) {
     if (known.tool !== tool.identity || known.argsHash !== argsHash(args)) {
@@ -155,19 +205,9 @@ async function runReadOnly(options: CallToolOptions, call: PrepareCall): Promise
   }
   ctx.signal?.throwIfAborted();
   await options.beforeRun?.();
-  const toolCtx: ToolContext = {
-    idempotencyKey: callId,
-    signal: ctx.signal ?? new AbortController().signal,
-    runId,
-    stepId,
-    callId,
-    attempt: ctx.attempt,
-    tenantId,
-    turnKey: ctx.turnKey,
-  };
   let value: unknown;
   try {
-    value = await tool.run(args, toolCtx);
+    value = await tool.run(args, toolContextOf(call, ctx, ctx.signal ?? NEVER));
   } catch (thrown) {
     const error = toFlujoError(thrown, true);
     // Cut off mid-call: nothing to record (a read-only call can always run again).
@@ -175,22 +215,7 @@ async function runReadOnly(options: CallToolOptions, call: PrepareCall): Promise
     throw error;
   }
   debugPoint(DebugPoint.afterToolEffect, tool.name);
-  let receipt: JsonValue;
-  try {
-    receipt = await parseToolOutput(tool, value);
-  } catch (thrown) {
-    // A tool that returns what its schema refuses is a bug: final, like in the leased path.
-    const error = toFlujoError(thrown);
-    await ledger.record(call, { error: { ...error.toJSON(), retryable: false } });
-    throw error;
-  }
-  if (options.recordAs !== undefined) {
-    try {
-      receipt = await options.recordAs(receipt);
-    } catch {
-      // Recorded as it is; the caller meets the conversion's error again when it uses the receipt.
-    }
-  }
+  const receipt = await receiptOf(options, value, (error) => ledger.record(call, { error }));
   const { entry, applied } = await ledger.record(call, { receipt });
   debugPoint(DebugPoint.afterReceipt, tool.name);
   return applied
@@ -207,7 +232,7 @@ async function runOwned(
   rerun: boolean,
 ): Promise<CallToolResult> {
   const { ledger, tool, ctx } = options;
-  const { runId, stepId, tenantId, attempt } = ctx;
+  const { runId, stepId, tenantId } = ctx;
   const { callId, runs } = entry;
   const lost = new AbortController();
   const signal =
@@ -226,19 +251,9 @@ async function runOwned(
   );
   timer.unref();
 
-  const toolCtx: ToolContext = {
-    idempotencyKey: callId,
-    signal,
-    runId,
-    stepId,
-    callId,
-    attempt,
-    tenantId,
-    turnKey: ctx.turnKey,
-  };
   let value: unknown;
   try {
-    value = await tool.run(args, toolCtx);
+    value = await tool.run(args, toolContextOf({ runId, stepId, tenantId, callId }, ctx, signal));
   } catch (thrown) {
     clearInterval(timer);
     const error = toFlujoError(thrown, true);
@@ -262,22 +277,9 @@ async function runOwned(
   }
   debugPoint(DebugPoint.afterToolEffect, tool.name);
 
-  let receipt: JsonValue;
-  try {
-    receipt = await parseToolOutput(tool, value);
-  } catch (thrown) {
-    // The effect happened, so a bad result is final: recorded, never re-run.
-    const error = toFlujoError(thrown);
-    await ledger.markFailed(runId, tenantId, callId, { ...error.toJSON(), retryable: false }, runs);
-    throw error;
-  }
-  if (options.recordAs !== undefined) {
-    try {
-      receipt = await options.recordAs(receipt);
-    } catch {
-      // Recorded as it is; the caller meets the conversion's error again when it uses the receipt.
-    }
-  }
+  const receipt = await receiptOf(options, value, (error) =>
+    ledger.markFailed(runId, tenantId, callId, error, runs),
+  );
   const { entry: after, applied } = await ledger.markSucceeded(
     runId,
     tenantId,
