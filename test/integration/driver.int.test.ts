@@ -17,7 +17,8 @@ import { createRuntime, type Runtime } from '../../src/runtime.js';
 import type { FlujoWorker } from '../../src/worker/worker.js';
 import type { StepOutcome } from '../../src/schemas/outcomes.js';
 import { defineTool } from '../../src/tools/define-tool.js';
-import { retryJobId } from '../../src/worker/jobs.js';
+import { retryJobId, stepJobId } from '../../src/worker/jobs.js';
+import { ledgerCallId } from '../../src/persistence/ledger-ids.js';
 import { connect, deletePrefix, redisUrl, testPrefix } from '../helpers/redis.js';
 
 interface Call {
@@ -58,7 +59,25 @@ const lookup = defineTool({
   },
 });
 
+let charges = 0;
+/** A tool with an effect, which honours its idempotency key (an in-doubt call may run again). */
+const charge = defineTool({
+  name: 'charge',
+  class: 'external',
+  requiresIdempotencyKey: true,
+  input: z.object({ cents: z.number() }),
+  run: (args) => {
+    charges++;
+    return { charged: args.cents };
+  },
+});
+
 const operators = {
+  /** Charges `cents` through the `charge` tool. */
+  paying: async (ctx: OperatorContext) => {
+    record(ctx);
+    return ctx.tools.call('charge', { cents: num(ctx.input, 'cents', 100) });
+  },
   noop: (ctx: OperatorContext) => {
     record(ctx);
     return { step: ctx.stepId };
@@ -113,7 +132,7 @@ beforeAll(async () => {
     prefix,
     queueName: 'drv',
     operators,
-    tools: [lookup],
+    tools: [lookup, charge],
   });
   worker = rt.createWorker({ concurrency: 8, recoveryMs: 1000 });
   await worker.ready();
@@ -289,6 +308,43 @@ describe('failures and retries', () => {
       produced: { a: { step: 'a' } },
     });
     expect(await redis.sismember(rt.core.keys.activeRuns(), run.runId)).toBe(0);
+  });
+});
+
+describe('chained units', () => {
+  it('a carried step whose tool call another worker holds gets a job of its own, due when the lease lapses', async () => {
+    const runId = `busy-${randomUUID()}`;
+    const tenantId = rt.core.tenantId;
+    const args = { cents: 250 };
+    // Another worker holds the lease on b's call for 600 ms more, and has gone quiet.
+    const callId = ledgerCallId({ tenantId, runId, stepId: 'b', tool: charge.identity, args });
+    await rt.core.ledger.begin(
+      { runId, stepId: 'b', tenantId, callId, tool: charge.identity, args },
+      600,
+    );
+    const run = await rt.start(
+      line('busy', [
+        { id: 'a', operator: 'noop' },
+        { id: 'b', operator: 'paying', input: args },
+      ]),
+      null,
+      { runId },
+    );
+    const done = await run.settled({ timeoutMs: 10_000 });
+    expect(done.status).toBe('succeeded');
+    expect(done.summary.produced['b']).toEqual({ charged: 250 });
+    // a's job went on with b, met the lease, handed b to a job of its own and ended.
+    expect((await rt.core.queue.getJob(stepJobId(runId, 'a', 1)))?.returnvalue).toBe('busy');
+    const own = await rt.core.queue.getJob(stepJobId(runId, 'b', 1));
+    expect(own?.returnvalue).toBe('succeeded');
+    expect(own!.processedOn! - own!.timestamp).toBeGreaterThanOrEqual(200);
+    // No attempt was spent: b ran twice as attempt 1, the tool once (after the lease lapsed).
+    expect(stepsCalled(runId)).toEqual(['a#1', 'b#1', 'b#1']);
+    expect(charges).toBe(1);
+    expect(await rt.core.ledger.get(runId, tenantId, callId)).toMatchObject({
+      state: 'SUCCEEDED',
+      runs: 2,
+    });
   });
 });
 
