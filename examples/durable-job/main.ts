@@ -243,9 +243,9 @@ expect(
 
 console.log(`
 What happened: the worker process uploaded the report (the service stored it and answered) and was
-killed before the ledger recorded the receipt. The upload step was still RUNNING in Redis, so its
-job went back to the queue once the dead worker's lock lapsed, and the fresh worker ran the step
-again. The ledger found the call started but unfinished, its lease lapsed: in doubt. upload_report
+killed before the ledger recorded the receipt. The upload step was still RUNNING in Redis, so the
+job that was running it went back to the queue once the dead worker's lock lapsed, and the fresh
+worker ran the step again. The ledger found the call started but unfinished, its lease lapsed: in doubt. upload_report
 sends the ledger's idempotency key, so it was re-run with the SAME key and the service answered
 from its record instead of storing a second copy (${secondStats.duplicates.upload} duplicate, still ${secondStats.effects.upload} effect). Then the e-mail went
 out once. A tool without a key would have stopped the step (tool_outcome_unknown) for a person to
