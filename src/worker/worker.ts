@@ -355,14 +355,10 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
   });
 
   /**
-   * After a commit: the unit the job goes on with (the commit set the carrier note naming it), or
-   * null when the chain stops here (then the caller enqueues what the commit made due).
+   * Commit options decided once the transition is known: when the chain may go on and the commit
+   * leaves the run one unit to do, the job is noted as that unit's carrier, and `chained()` returns
+   * the unit after the commit; else `chained()` is null and the caller enqueues what became due.
    */
-  function nextUnit(runId: string, chain: Chain, t: RunTransition): JobSpec | null {
-    return chain.mayGoOn() ? soleUnit(runId, t.snapshot) : null;
-  }
-
-  /** Commit options that note the job as the carrier of the unit `chained()` returns after the transition. */
   function chaining(
     runId: string,
     chain: Chain,
@@ -371,7 +367,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     let next: JobSpec | null = null;
     return {
       options: (t) => {
-        next = nextUnit(runId, chain, t);
+        next = chain.mayGoOn() ? soleUnit(runId, t.snapshot) : null;
         return next === null
           ? base
           : { ...base, carrier: carrierNote({ job: chain.self, unit: next.opts.jobId }) };
