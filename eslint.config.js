@@ -1,9 +1,68 @@
 // @ts-check
 import js from '@eslint/js';
+import { createNodeResolver, importX } from 'eslint-plugin-import-x';
 import tseslint from 'typescript-eslint';
 
 const ioLibraries = ['ioredis', 'bullmq', 'openai', 'js-tiktoken', 'redis-memory-server'];
 const nodeIo = ['node:*', 'fs', 'net', 'http', 'https', 'child_process', 'crypto', 'os'];
+
+/**
+ * The layers of `src/`, lowest first (docs/architecture.md explains each). A module imports from
+ * its own layer and the layers below it, never from a layer above: type-only imports count too. Two
+ * entries of one layer are peers that do not import each other. The order is the one the code has:
+ * - errors: the error classes, a leaf.
+ * - internal: plain JSON, canonical hashing, backoff, seeded randomness.
+ * - schemas: zod schemas of events, outcomes, errors and chat messages.
+ * - plan: plans as data, their builders and graph.
+ * - machines: the run and step machines and the kernel (the last layer of the pure core).
+ * - logging: the pino logger, a leaf of the shell.
+ * - persistence: the Redis stores (snapshots, ledger, journal, history, quotas, blobs, keys, and
+ *   the side stores of runs: active runs, counters, request keys, channels, lookups, unit notes).
+ * - observability: spans, the run trace, and runs as xstate inspection events.
+ * - tools: tool definitions and the ledger-guarded call.
+ * - agents: agent definitions (which name tools) and their fingerprint.
+ * - llm: the model client (which sends an agent's tools), token counts, prices.
+ * - actors: one unit of work (a step attempt or an agent turn) from admission to commit and its
+ *   execution, the run host, the runtime core (the composition root) and the job specs.
+ * - worker: the BullMQ shell over the unit host and its status registry, the start path
+ *   (`runtime.start` and the `start` job), event streams, the run list, replay.
+ * - runtime.ts, define-job.ts: the runtime a user creates; job modules.
+ * - ui: the web view of runs.
+ * - cli, testing: the command line; the test helpers published as `flujo/testing`.
+ * - index.ts: the public API.
+ */
+const layers = [
+  ['errors.ts'],
+  ['internal'],
+  ['schemas'],
+  ['plan'],
+  ['machines'],
+  ['logging.ts'],
+  ['persistence'],
+  ['observability'],
+  ['tools'],
+  ['agents'],
+  ['llm'],
+  ['actors'],
+  ['worker'],
+  ['runtime.ts', 'define-job.ts'],
+  ['ui'],
+  ['cli', 'testing'],
+  ['index.ts'],
+].map((layer) => layer.map((entry) => `./src/${entry}`));
+
+/** One `import-x/no-restricted-paths` zone per layer entry: everything above it, and its peers. */
+const layerZones = layers.flatMap((layer, index) => {
+  const below = layers.slice(0, index).flat();
+  const above = layers.slice(index + 1).flat();
+  return layer
+    .map((target) => ({
+      target,
+      from: [...above, ...layer.filter((peer) => peer !== target)],
+      message: `Layers: ${target} may import only from ${below.length === 0 ? 'nothing in src/' : below.join(', ')}. Move what both need down a layer (docs/architecture.md).`,
+    }))
+    .filter((zone) => zone.from.length > 0);
+});
 
 export default tseslint.config(
   { ignores: ['dist/**', 'node_modules/**', '.flujo/**', 'coverage/**', '.*/**', '.*'] },
@@ -27,6 +86,40 @@ export default tseslint.config(
     },
   },
   {
+    // Layering and cycles, for src/ only: tests, benches and examples may reach any layer.
+    files: ['src/**/*.ts'],
+    plugins: { 'import-x': importX },
+    settings: {
+      // Without these the plugin does not read .ts files, and no-cycle sees no module graph.
+      'import-x/extensions': ['.ts', '.js'],
+      'import-x/parsers': { '@typescript-eslint/parser': ['.ts'] },
+      'import-x/resolver-next': [
+        createNodeResolver({
+          extensions: ['.ts', '.js'],
+          extensionAlias: { '.js': ['.ts', '.js'] },
+        }),
+      ],
+    },
+    rules: {
+      'import-x/no-restricted-paths': [
+        'error',
+        {
+          zones: [
+            ...layerZones,
+            {
+              // Above the pure core in the order, yet it only stores: it needs no plan or machine.
+              target: './src/persistence',
+              from: ['./src/plan', './src/machines'],
+              message:
+                'Persistence stores; it does not decide. Move what it needs to src/internal or src/schemas.',
+            },
+          ],
+        },
+      ],
+      'import-x/no-cycle': 'error',
+    },
+  },
+  {
     // The pure core: no I/O, no clock, no randomness. Time and ids arrive in events.
     files: ['src/machines/**', 'src/schemas/**', 'src/plan/**', 'src/internal/**', 'src/errors.ts'],
     rules: {
@@ -34,11 +127,8 @@ export default tseslint.config(
         'error',
         {
           patterns: [
+            // The shell's modules are above the pure core: the layer zones refuse them.
             { group: [...ioLibraries, ...nodeIo], message: 'The pure core does no I/O.' },
-            {
-              group: ['**/persistence/**', '**/actors/**', '**/cli/**'],
-              message: 'The pure core imports no shell.',
-            },
           ],
         },
       ],
@@ -68,10 +158,8 @@ export default tseslint.config(
         'error',
         {
           patterns: [
-            {
-              group: ['**/machines/**', '**/actors/**', '**/cli/**', 'bullmq', 'openai'],
-              message: 'Persistence stores; it does not decide.',
-            },
+            // Its place among the layers is checked by the zones above.
+            { group: ['bullmq', 'openai'], message: 'Persistence stores; it does not decide.' },
           ],
         },
       ],

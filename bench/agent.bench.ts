@@ -12,6 +12,10 @@
  * of its first turn (chained units, see `chainMs`). At 0 ms, granular is also timed with one job
  * per turn (`chainMs: 0`), so the cost of a turn's own queue hop stays visible.
  * A run's time is read from its own events (`run.created` → `run.finished`).
+ * Beside each time, the Redis round trips a turn waits on (see `countTrips`) and the commands it
+ * sends: counted from the run's second model request to its last, over the turns in between (the
+ * steady state: a run's first load and its end are left out). Granular at 0 ms is also run with a
+ * tenant quota set (one the runs never reach), so each reservation is checked against it.
  *
  *   npm run bench:agent
  *   BENCH_REPS=5 BENCH_RUNS=10 BENCH_SLOW_RUNS=3 npm run bench:agent
@@ -37,6 +41,7 @@ import {
   type ScriptedReply,
 } from '../src/testing/index.js';
 import { startRedisServer } from '../test/helpers/redis-server.js';
+import { runtimeCore } from '../src/runtime.js';
 
 const TURNS = 20;
 const REPS = Number(process.env['BENCH_REPS'] ?? 5);
@@ -50,6 +55,55 @@ const SYSTEM_PROMPT = 'Call noop once per turn until told otherwise, then answer
 const USER_INPUT = 'Count the turns.';
 
 type Mode = 'atomic' | 'granular';
+
+// Model requests in flight in this process (the runtime's openai clients call the global fetch),
+// and the counts of the runtime being measured as each request went out.
+let modelPending = 0;
+let measured: Trips | undefined;
+const marks: Trips[] = [];
+const realFetch = globalThis.fetch;
+globalThis.fetch = async (input, init) => {
+  if (measured !== undefined) marks.push({ ...measured });
+  modelPending++;
+  try {
+    return await realFetch(input, init);
+  } finally {
+    modelPending--;
+  }
+};
+
+/** What a runtime's Redis connection sent and waited on. */
+interface Trips {
+  commands: number;
+  /** Round trips on the critical path (see {@link countTrips}). */
+  trips: number;
+}
+
+/**
+ * Counts the commands a runtime sends on its shared Redis connection, and its round trips on the
+ * critical path: a stretch from a command sent while none was outstanding to the reply that
+ * leaves none outstanding is one round trip, unless a model request was still in flight when it
+ * ended (it was then hidden behind the model call, as the mark that a request went out is).
+ * Commands sent together (a pipeline, or in one turn of the event loop) share one round trip.
+ */
+function countTrips(redis: Redis): Trips {
+  const counts: Trips = { commands: 0, trips: 0 };
+  let outstanding = 0;
+  const send = redis.sendCommand.bind(redis);
+  const counting = (command: { promise: Promise<unknown> }, stream?: unknown) => {
+    counts.commands++;
+    outstanding++;
+    // Registered before the caller awaits the reply, so it runs before the caller goes on.
+    const done = () => {
+      outstanding--;
+      if (outstanding === 0 && modelPending === 0) counts.trips++;
+    };
+    command.promise.then(done, done);
+    return send(command as Parameters<Redis['sendCommand']>[0], stream as undefined);
+  };
+  redis.sendCommand = counting;
+  return counts;
+}
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 const spread = (xs: number[]) => `${Math.min(...xs).toFixed(2)}–${Math.max(...xs).toFixed(2)}`;
@@ -104,13 +158,20 @@ async function agentRuns(
   latencyMs: number,
   runs: number,
   chainMs?: number,
-): Promise<{ ms: number; runIds: string[]; prefix: string }> {
+  quota = false,
+): Promise<{ ms: number; runIds: string[]; prefix: string; trips: Trips }> {
   const prefix = `b${randomUUID().slice(0, 6)}`;
   const runtime = createRuntime({ redis: url, prefix, logger: silentLogger }).agent(agent);
-  const { redis, keys } = runtime.core;
+  if (quota) await runtime.setTenantQuota('default', { maxTokens: 1_000_000_000_000 });
+  const { keys } = runtimeCore(runtime);
+  // Polled on a connection of its own, so the counts below hold only the runtime's commands.
+  const poll = new Redis(url);
   const idle = async () => {
-    while ((await redis.scard(keys.activeRuns())) > 0) await sleep(10);
+    while ((await poll.scard(keys.activeRuns())) > 0) await sleep(10);
   };
+  const counted = countTrips(runtimeCore(runtime).redis);
+  measured = counted;
+  const trips: Trips = { commands: 0, trips: 0 };
   const worker = runtime.createWorker({
     concurrency: 1,
     recoverOnStart: false,
@@ -124,14 +185,21 @@ async function agentRuns(
     // A fresh script and an empty request log per run (the server keeps every request it saw).
     model.reset();
     model.script(replies);
+    marks.length = 0;
     const { runId } = await runtime.start(thePlan, USER_INPUT);
     await idle();
     if (model.remaining !== 0) throw new Error(`${mode} run left ${model.remaining} replies`);
-    if (i > 0) runIds.push(runId);
+    if (i > 0) {
+      runIds.push(runId);
+      const [second, last] = [marks[1]!, marks[TURNS - 1]!];
+      trips.commands += last.commands - second.commands;
+      trips.trips += last.trips - second.trips;
+    }
   }
+  measured = undefined;
   let ms = 0;
   for (const runId of runIds) {
-    const events = await runtime.core.store.readEvents(runId);
+    const events = await runtimeCore(runtime).store.readEvents(runId);
     const created = events.find((e) => e.type === 'run.created');
     const finished = events.find((e) => e.type === 'run.finished');
     const produced = (
@@ -148,7 +216,8 @@ async function agentRuns(
   }
   await worker.close();
   await runtime.close();
-  return { ms, runIds, prefix };
+  poll.disconnect();
+  return { ms, runIds, prefix, trips };
 }
 
 /**
@@ -217,14 +286,17 @@ interface TurnPayload {
 async function turnPayload(url: string, prefix: string, runId: string): Promise<TurnPayload> {
   const runtime = createRuntime({ redis: url, prefix, logger: silentLogger });
   try {
-    const { store, redis, keys, history } = runtime.core;
+    const { store, redis, keys, history } = runtimeCore(runtime);
     const events = await store.readEvents(runId);
     const turn = events.find((e) => e.type === 'turn.committed' && e.data['turn'] === TURNS / 2);
     if (turn === undefined) throw new Error(`run ${runId} has no turn ${TURNS / 2}`);
     const cursor = Number(turn.data['cursor']);
     const messages = await history.read(runId, STEP_ID, { from: cursor - 2, to: cursor });
     return {
-      snapshot: await redis.hstrlen(keys.snap(runId), 's'),
+      // A turn's commit writes the run's field and its step's field of the snapshot.
+      snapshot:
+        (await redis.hstrlen(keys.snap(runId), 'run')) +
+        (await redis.hstrlen(keys.snap(runId), `s:${STEP_ID}`)),
       events: events
         .filter((e) => e.version === turn.version)
         .map((e) => ({ type: e.type, json: JSON.stringify(e.data) })),
@@ -291,6 +363,15 @@ try {
     atomic50: [] as number[],
     granular50: [] as number[],
     single0: [] as number[],
+    quota0: [] as number[],
+  };
+  /** Round trips and commands per turn, by row. */
+  const trips = new Map<string, { trips: number[]; commands: number[] }>();
+  const tripsOf = (row: string, t: Trips, runs: number) => {
+    const entry = trips.get(row) ?? { trips: [], commands: [] };
+    entry.trips.push(t.trips / (runs * (TURNS - 2)));
+    entry.commands.push(t.commands / (runs * (TURNS - 2)));
+    trips.set(row, entry);
   };
   for (let rep = 0; rep < REPS; rep++) {
     rows.model.push(await modelRoundTrips(model, RUNS));
@@ -300,12 +381,17 @@ try {
     for (const latency of LATENCIES) {
       const runs = latency === 0 ? RUNS : SLOW_RUNS;
       for (const mode of order) {
-        const { ms } = await agentRuns(server.url, model, agent, mode, latency, runs);
-        rows[`${mode}${latency}`].push(perTurn(ms, runs));
+        const done = await agentRuns(server.url, model, agent, mode, latency, runs);
+        rows[`${mode}${latency}`].push(perTurn(done.ms, runs));
+        tripsOf(`${mode}${latency}`, done.trips, runs);
       }
     }
     const single = await agentRuns(server.url, model, agent, 'granular', 0, RUNS, 0);
     rows.single0.push(perTurn(single.ms, RUNS));
+    tripsOf('single0', single.trips, RUNS);
+    const quota = await agentRuns(server.url, model, agent, 'granular', 0, RUNS, undefined, true);
+    rows.quota0.push(perTurn(quota.ms, RUNS));
+    tripsOf('quota0', quota.trips, RUNS);
   }
 
   const bytes =
@@ -321,19 +407,34 @@ try {
   console.log(
     `a granular turn's commit: snapshot ${payload.snapshot} B, ${payload.events.length} event(s) (${payload.events.map((e) => e.type).join(', ')}), ${payload.messages.length} messages; ${bytes} B in all\n`,
   );
-  const row = (label: string, xs: number[], unit: string, note = '') =>
+  const row = (label: string, xs: number[], unit: string, note = '', key?: string) => {
+    const t = key === undefined ? undefined : trips.get(key);
+    const rt =
+      t === undefined
+        ? ''
+        : `  ${median(t.trips).toFixed(2)} round trips, ${median(t.commands).toFixed(2)} commands per turn`;
     console.log(
-      `  ${label.padEnd(34)}${median(xs).toFixed(3).padStart(8)} ${unit.padEnd(8)} (${spread(xs)})${note}`,
+      `  ${label.padEnd(34)}${median(xs).toFixed(3).padStart(8)} ${unit.padEnd(8)} (${spread(xs)})${rt}${note}`,
     );
+  };
   row('model round trip alone (0 ms)', rows.model, 'ms', '  openai client, no Redis');
   row('bare WATCH/MULTI/EXEC commit', rows.cas, 'ms', '  same-size payload');
   for (const latency of LATENCIES) {
     const atomic = rows[`atomic${latency}`];
     const granular = rows[`granular${latency}`];
     console.log(`\n${latency} ms model`);
-    row('atomic', atomic, 'ms/turn');
-    row('granular', granular, 'ms/turn', latency === 0 ? '  (target ≤ 1.5)' : '');
-    if (latency === 0) row('granular, one job per turn', rows.single0, 'ms/turn', '  chainMs: 0');
+    row('atomic', atomic, 'ms/turn', '', `atomic${latency}`);
+    row(
+      'granular',
+      granular,
+      'ms/turn',
+      latency === 0 ? '  (target ≤ 1.5)' : '',
+      `granular${latency}`,
+    );
+    if (latency === 0) {
+      row('granular, one job per turn', rows.single0, 'ms/turn', '  chainMs: 0', 'single0');
+      row('granular, tenant quota', rows.quota0, 'ms/turn', '', 'quota0');
+    }
     const ratio = median(granular) / median(atomic);
     console.log(
       `  ${'granular / atomic'.padEnd(34)}${ratio.toFixed(3).padStart(8)}${latency === 50 ? '          (target ≤ 1.05)' : ''}`,
@@ -349,7 +450,9 @@ try {
       `  ${'durability overhead per turn'.padEnd(34)}${overhead.toFixed(3).padStart(8)} ms       granular − atomic, beside a bare commit of ${median(rows.cas).toFixed(3)} ms`,
     );
   }
-  console.log(`\ngranular at 0 ms model: ${median(rows.granular0).toFixed(2)} ms per turn`);
+  const granularTrips = median(trips.get('granular0')?.trips ?? [0]);
+  console.log(`\ngranular at 0 ms model: ${granularTrips.toFixed(2)} Redis round trips per turn`);
+  console.log(`granular at 0 ms model: ${median(rows.granular0).toFixed(2)} ms per turn`);
 } finally {
   await model.close();
   await server.stop();

@@ -1,7 +1,7 @@
 /**
- * A long granular agent run with large tool results: 200 turns, each of the first 199 calling a
+ * A long granular agent run with large tool results: 1,000 turns, each of the first 999 calling a
  * read-only tool that returns a 50 KB result of varied words (a different one every turn, so
- * content addressing saves nothing), the 200th answering. Run one at a time on a worker of
+ * content addressing saves nothing), the last answering. Run one at a time on a worker of
  * concurrency 1, against the scripted model server at 0 ms (in a child process, so that this
  * process's memory is the worker's), on a private redis-server with AOF `everysec`, in two
  * configurations, alternated per repetition:
@@ -11,13 +11,14 @@
  * For each it prints:
  *   - the commit latency of a turn (the compare-and-set script that writes the snapshot, the turn's
  *     events and its history appends), timed around `store.commit` in this process: the median of
- *     turns 1–10 and of turns 191–200 over all repetitions, and their ratio;
+ *     turns 1–10 and of the last ten turns over all repetitions, and their ratio;
  *   - the time a turn takes end to end, early and late, from the `turn.committed` events' clocks;
  *   - the Redis bytes the run leaves (`MEMORY USAGE` of each of its keys: snapshot, events,
  *     history, blobs);
- *   - the worker's memory: its live heap (after a full GC) at turn 11 and at turn 181, and the
+ *   - the worker's memory: its live heap (after a full GC) at turn 11 and 20 turns before the end, and the
  *     growth per turn between them; the peak RSS during the run.
- * The line `turn 200 vs turn 1 commit ratio: <x>` is the default (offload) configuration's.
+ * The line `turn 1000 vs turn 1 commit ratio: <x>` is the default (offload) configuration's.
+ * `BENCH_TURNS` sets another number of turns (at least 40).
  *
  *   npm run bench:history
  *   BENCH_REPS=5 npm run bench:history
@@ -36,8 +37,9 @@ import {
 } from '../src/index.js';
 import { startScriptedModelServer, type ScriptedReply } from '../src/testing/index.js';
 import { startRedisServer } from '../test/helpers/redis-server.js';
+import { runtimeCore } from '../src/runtime.js';
 
-const TURNS = 200;
+const TURNS = Math.max(40, Number(process.env['BENCH_TURNS'] ?? 1000));
 const RESULT_BYTES = 50_000;
 const REPS = Math.max(1, Number(process.env['BENCH_REPS'] ?? 3));
 /** Turns (1-based) whose commits make the early and the late figure. */
@@ -57,7 +59,7 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const mib = (bytes: number) => `${(bytes / 1024 / 1024).toFixed(1)} MiB`;
 const kib = (bytes: number) => `${(bytes / 1024).toFixed(1)} KiB`;
 
-/** The model's replies for one run: 199 calls of `fetch_page`, then an answer. */
+/** The model's replies for one run: `TURNS - 1` calls of `fetch_page`, then an answer. */
 function script(): ScriptedReply[] {
   const replies: ScriptedReply[] = Array.from({ length: TURNS - 1 }, (_, n) => ({
     toolCalls: [{ name: 'fetch_page', arguments: { page: n } }],
@@ -105,7 +107,7 @@ interface RunFigures {
   turnMsEarly: number;
   turnMsLate: number;
   redisBytes: Record<'snapshot' | 'events' | 'history' | 'blobs' | 'ledger' | 'other', number>;
-  /** Live heap after a full GC, sampled after the commits of turns 11 and 181 (outside both windows). */
+  /** Live heap after a full GC, sampled after the commits of `HEAP_TURNS` (outside both windows). */
   heapAt: [number, number];
   peakRss: number;
   ms: number;
@@ -119,7 +121,7 @@ async function oneRun(
 ): Promise<RunFigures> {
   const prefix = `h${randomUUID().slice(0, 6)}`;
   const runtime = createRuntime({ redis: url, prefix, logger: silentLogger }).agent(agent);
-  const { redis, keys, store } = runtime.core;
+  const { redis, keys, store } = runtimeCore(runtime);
 
   // Time every commit; the turn it commits is read from its turn.committed fact.
   const commitMs: number[] = [];
@@ -258,11 +260,15 @@ async function main(): Promise<void> {
         `${config === 'offload' ? 'offload (default, threshold 20 000 B)' : 'inline (no offload)'}`,
       );
       row('commit, turns 1–10', `${median(early).toFixed(3)} ms`, `(${spread(early)})`);
-      row('commit, turns 191–200', `${median(late).toFixed(3)} ms`, `(${spread(late)})`);
+      row(
+        `commit, turns ${LATE[0]}–${LATE[1]}`,
+        `${median(late).toFixed(3)} ms`,
+        `(${spread(late)})`,
+      );
       row('late / early commit', ratios[config].toFixed(3));
       for (const [label, xs] of [
         ['turn end to end, turns 1–10', fs.map((f) => f.turnMsEarly)],
-        ['turn end to end, turns 191–200', fs.map((f) => f.turnMsLate)],
+        [`turn end to end, turns ${LATE[0]}–${LATE[1]}`, fs.map((f) => f.turnMsLate)],
       ] as const) {
         row(label, `${median(xs).toFixed(2)} ms`, `(${spread(xs, 2)})`);
       }
@@ -283,7 +289,7 @@ async function main(): Promise<void> {
       row('worker peak RSS during the run', mib(median(fs.map((f) => f.peakRss))));
       console.log('');
     }
-    console.log(`turn 200 vs turn 1 commit ratio: ${ratios.offload.toFixed(2)}`);
+    console.log(`turn ${TURNS} vs turn 1 commit ratio: ${ratios.offload.toFixed(2)}`);
   } finally {
     child.disconnect();
     await server.stop();

@@ -2,10 +2,18 @@
  * Cost of the pure kernel per event: `advanceRun` (restore the run's actors from the persisted
  * snapshot, feed one event, read the snapshot back) on runs of 10 and 50 steps in a line, against
  * a JSON round trip of the same snapshot measured in the same run (the floor of any stateless
- * restore). Several repetitions; median and spread.
+ * restore). Beside it, the same event fed to the run restored whole (`openRun(snapshot).send`,
+ * every step actor restored), which `advanceRun` avoids by restoring only the steps the event
+ * reaches. Several repetitions; median and spread.
+ *
+ * Then a long run held open with big outputs (100 steps of 20 KB each): per event, feeding it
+ * (`OpenRun.send`) and working out what its commit writes (`runSnapshotDelta`, which compares
+ * unchanged steps by reference before serializing anything).
  *
  *   npm run bench:kernel
  */
+import { openRun } from '../src/machines/kernel.js';
+import { runSnapshotDelta } from '../src/machines/stored-snapshot.js';
 import { advanceRun, parsePlan, startRun, type RunEvent, type RunSnapshot } from '../src/index.js';
 
 const REPS = 7;
@@ -23,11 +31,11 @@ function linePlan(steps: number) {
   });
 }
 
-const ok = (stepId: string, at: number): RunEvent => ({
+const ok = (stepId: string, at: number, output: unknown = { ok: true }): RunEvent => ({
   type: 'step.succeeded',
   stepId,
   attempt: 1,
-  output: { ok: true },
+  output: output as never,
   at,
 });
 
@@ -36,40 +44,86 @@ function median(xs: number[]): number {
   return s[Math.floor(s.length / 2)]!;
 }
 
+const copy = (snap: RunSnapshot) => JSON.parse(JSON.stringify(snap)) as RunSnapshot;
+const us = (ns: bigint, n: number) => Number(ns) / 1000 / n;
+const spread = (xs: number[]) =>
+  `${median(xs).toFixed(1)} µs (${Math.min(...xs).toFixed(1)}–${Math.max(...xs).toFixed(1)})`;
+
 function measure(steps: number): void {
   const plan = linePlan(steps);
   const kernelReps: number[] = [];
+  const wholeReps: number[] = [];
   const floorReps: number[] = [];
   let bytes = 0;
   for (let rep = 0; rep < REPS + 1; rep++) {
     let kernelNs = 0n;
+    let wholeNs = 0n;
     let floorNs = 0n;
     let events = 0;
     for (let r = 0; r < RUNS_PER_REP; r++) {
       let snap: RunSnapshot = startRun(plan, { runId: `r${r}`, at: 1 }).snapshot;
       for (let i = 0; i < steps; i++) {
+        const event = ok(`s${i}`, 2 + i);
         const t0 = process.hrtime.bigint();
-        const copy = JSON.parse(JSON.stringify(snap)) as RunSnapshot;
+        const parsed = copy(snap);
         const t1 = process.hrtime.bigint();
-        snap = advanceRun(copy, ok(`s${i}`, 2 + i)).snapshot;
+        const next = advanceRun(parsed, event).snapshot;
         const t2 = process.hrtime.bigint();
+        const again = copy(snap);
+        const t3 = process.hrtime.bigint();
+        openRun(again).send(event);
+        const t4 = process.hrtime.bigint();
         floorNs += t1 - t0;
         kernelNs += t2 - t1;
+        wholeNs += t4 - t3;
+        snap = next;
         events++;
       }
       bytes = JSON.stringify(snap).length;
     }
     if (rep === 0) continue; // warm-up
-    kernelReps.push(Number(kernelNs) / 1000 / events);
-    floorReps.push(Number(floorNs) / 1000 / events);
+    kernelReps.push(us(kernelNs, events));
+    wholeReps.push(us(wholeNs, events));
+    floorReps.push(us(floorNs, events));
   }
   const k = median(kernelReps);
+  const w = median(wholeReps);
   const f = median(floorReps);
   console.log(
     `${String(steps).padStart(3)} steps  snapshot ${String(bytes).padStart(6)} B  ` +
-      `advanceRun ${k.toFixed(1)} µs/event (${Math.min(...kernelReps).toFixed(1)}–${Math.max(...kernelReps).toFixed(1)})  ` +
-      `JSON round trip ${f.toFixed(1)} µs (${Math.min(...floorReps).toFixed(1)}–${Math.max(...floorReps).toFixed(1)})  ` +
-      `ratio ${(k / f).toFixed(2)}`,
+      `advanceRun ${spread(kernelReps)}  JSON round trip ${spread(floorReps)}  ` +
+      `ratio ${(k / f).toFixed(2)}  |  restored whole ${spread(wholeReps)}  ratio ${(w / f).toFixed(2)}`,
+  );
+}
+
+/** A run of `steps` steps held open, each producing `outputBytes` of output: send + delta. */
+function measureHeld(steps: number, outputBytes: number): void {
+  const plan = linePlan(steps);
+  const output = { text: 'x'.repeat(outputBytes) };
+  const sendReps: number[] = [];
+  const deltaReps: number[] = [];
+  for (let rep = 0; rep < REPS + 1; rep++) {
+    let sendNs = 0n;
+    let deltaNs = 0n;
+    const run = openRun(startRun(plan, { runId: 'held', at: 1 }).snapshot);
+    let previous = run.snapshot;
+    for (let i = 0; i < steps; i++) {
+      const t0 = process.hrtime.bigint();
+      const next = run.send(ok(`s${i}`, 2 + i, output)).snapshot;
+      const t1 = process.hrtime.bigint();
+      runSnapshotDelta(previous, next);
+      const t2 = process.hrtime.bigint();
+      sendNs += t1 - t0;
+      deltaNs += t2 - t1;
+      previous = next;
+    }
+    if (rep === 0) continue; // warm-up
+    sendReps.push(us(sendNs, steps));
+    deltaReps.push(us(deltaNs, steps));
+  }
+  console.log(
+    `${steps} steps × ${outputBytes / 1000} KB outputs, held open: ` +
+      `send ${spread(sendReps)}  commit delta ${spread(deltaReps)}`,
   );
 }
 
@@ -78,3 +132,4 @@ console.log(
 );
 measure(10);
 measure(50);
+measureHeld(100, 20_000);

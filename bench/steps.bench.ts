@@ -8,14 +8,24 @@
  * units, see `chainMs`); each figure is also given for one job per step (`chainMs: 0`), so the
  * cost of a step's own queue hop stays visible.
  *
+ * Then growth with run size: lines of 10 and 100 steps that each return 20 KB, one run at a time
+ * and 8 at a time: ms per step (a run timed by its own events, created → finished), the ratio of
+ * the 100-step to the 10-step per-step cost (1.0: a step costs the same however long the run),
+ * and the Redis bytes a finished run occupies (MEMORY USAGE over its keys).
+ *
  *   npm run bench:steps
  *   BENCH_REPS=5 BENCH_RUNS=200 npm run bench:steps
+ *   BENCH_ONLY=growth BENCH_GROWTH_RUNS=3 npm run bench:steps
+ *
+ * First, the latency a caller of `settled()` sees on 10-step runs at concurrency 1, beside the
+ * engine's own time for the same runs, as `settled vs engine latency ratio: <x>`.
  */
 import { randomUUID } from 'node:crypto';
 import { Queue, Worker, type Job } from 'bullmq';
 import { Redis } from 'ioredis';
 import { createRuntime, type PlanInput } from '../src/index.js';
 import { startRedisServer } from '../test/helpers/redis-server.js';
+import { runtimeCore } from '../src/runtime.js';
 
 const STEPS = 10;
 const REPS = Number(process.env['BENCH_REPS'] ?? 3);
@@ -118,7 +128,7 @@ async function flujoRuns(
 ): Promise<number> {
   const runtime = createRuntime({ redis: url, prefix: `b${randomUUID().slice(0, 6)}` });
   runtime.operator('noop', () => null);
-  const { redis, keys } = runtime.core;
+  const { redis, keys } = runtimeCore(runtime);
   const idle = async () => {
     while ((await redis.scard(keys.activeRuns())) > 0) await new Promise((r) => setTimeout(r, 2));
   };
@@ -137,7 +147,7 @@ async function flujoRuns(
       await idle();
     }
   } else {
-    await runtime.core.queue.pause();
+    await runtimeCore(runtime).queue.pause();
     for (let i = 0; i < runs; i++) ids.push((await runtime.start(plan, null)).runId);
     worker = runtime.createWorker({
       concurrency,
@@ -146,13 +156,13 @@ async function flujoRuns(
     });
     await worker.ready();
     workerStart = Date.now();
-    await runtime.core.queue.resume();
+    await runtimeCore(runtime).queue.resume();
     await idle();
   }
   let last = 0;
   let summed = 0;
   for (const runId of ids) {
-    const events = await runtime.core.store.readEvents(runId);
+    const events = await runtimeCore(runtime).store.readEvents(runId);
     const created = Number(events[0]?.data['at']);
     const finished = events.find((e) => e.type === 'run.finished');
     if (finished?.data['status'] !== 'succeeded') throw new Error(`run ${runId} did not succeed`);
@@ -163,6 +173,37 @@ async function flujoRuns(
   await worker.close();
   await runtime.close();
   return concurrency === 1 ? summed : last - workerStart;
+}
+
+/**
+ * What a caller of `settled()` waits beside what the engine takes: `runs` 10-step runs with 200 B
+ * results at concurrency 1, each timed from `start()` returning to `settled()` resolving, and by
+ * its own events (created → finished). Returns both sums in ms.
+ */
+async function settledLatency(
+  url: string,
+  runs: number,
+): Promise<{ user: number; engine: number }> {
+  const runtime = createRuntime({ redis: url, prefix: `b${randomUUID().slice(0, 6)}` });
+  const result = 'x'.repeat(200);
+  runtime.operator('noop', () => result);
+  const worker = runtime.createWorker({ concurrency: 1, recoverOnStart: false });
+  await worker.ready();
+  let user = 0;
+  let engine = 0;
+  for (let i = 0; i < runs; i++) {
+    const handle = await runtime.start(plan, null);
+    const t0 = performance.now();
+    const report = await handle.settled();
+    user += performance.now() - t0;
+    if (report.status !== 'succeeded') throw new Error(`run ${handle.runId} did not succeed`);
+    const events = await runtimeCore(runtime).store.readEvents(handle.runId);
+    const finished = events.find((e) => e.type === 'run.finished');
+    engine += Number(finished?.data['at']) - Number(events[0]?.data['at']);
+  }
+  await worker.close();
+  await runtime.close();
+  return { user, engine };
 }
 
 async function measure(appendfsync: 'everysec' | 'always'): Promise<number> {
@@ -229,9 +270,154 @@ async function measure(appendfsync: 'everysec' | 'always'): Promise<number> {
   }
 }
 
+const OUTPUT_BYTES = 20_000;
+const GROWTH_RUNS = Number(process.env['BENCH_GROWTH_RUNS'] ?? 3);
+
+const bigLine = (steps: number): PlanInput => ({
+  name: `big-line-${steps}`,
+  steps: Array.from({ length: steps }, (_, i) => ({
+    id: `s${i}`,
+    kind: 'operator' as const,
+    operator: 'big',
+    dependsOn: i === 0 ? [] : [`s${i - 1}`],
+  })),
+});
+
+/** Bytes Redis holds for one run: MEMORY USAGE of each of its keys. */
+async function runBytes(redis: Redis, prefix: string, runId: string): Promise<number> {
+  let bytes = 0;
+  let cursor = '0';
+  do {
+    const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}:{${runId}}:*`, 'COUNT', 500);
+    cursor = next;
+    for (const key of keys)
+      bytes += Number(await redis.call('MEMORY', 'USAGE', key, 'SAMPLES', '0'));
+  } while (cursor !== '0');
+  return bytes;
+}
+
+/**
+ * `runs` runs of `steps` steps returning 20 KB each, `parallel` at a time (a worker of that
+ * concurrency). Returns ms per step: one at a time, each run timed by its events; in parallel,
+ * from the first start to the last finish over all steps. And the bytes of the last run.
+ */
+async function bigRuns(
+  url: string,
+  steps: number,
+  runs: number,
+  parallel: number,
+): Promise<{ msPerStep: number; bytes: number }> {
+  const prefix = `g${randomUUID().slice(0, 6)}`;
+  const runtime = createRuntime({ redis: url, prefix });
+  runtime.operator('big', ({ stepId }) => ({ stepId, text: stepId.padEnd(OUTPUT_BYTES, '.') }));
+  const worker = runtime.createWorker({ concurrency: parallel, recoverOnStart: false });
+  await worker.ready();
+  const { redis, keys } = runtimeCore(runtime);
+  const idle = async () => {
+    while ((await redis.scard(keys.activeRuns())) > 0) await new Promise((r) => setTimeout(r, 2));
+  };
+  const plan = bigLine(steps);
+  const ids: string[] = [];
+  const t0 = Date.now();
+  if (parallel === 1) {
+    for (let i = 0; i < runs; i++) {
+      ids.push((await runtime.start(plan, null)).runId);
+      await idle();
+    }
+  } else {
+    for (let i = 0; i < runs; i++) ids.push((await runtime.start(plan, null)).runId);
+    await idle();
+  }
+  let summed = 0;
+  let last = 0;
+  for (const runId of ids) {
+    const events = await runtimeCore(runtime).store.readEvents(runId);
+    const created = Number(events[0]?.data['at']);
+    const finished = events.find((e) => e.type === 'run.finished');
+    if (finished?.data['status'] !== 'succeeded') throw new Error(`run ${runId} did not succeed`);
+    summed += Number(finished.data['at']) - created;
+    last = Math.max(last, Number(finished.data['at']));
+  }
+  const bytes = await runBytes(redis, prefix, ids[ids.length - 1]!);
+  await worker.close();
+  await runtime.close();
+  const elapsed = parallel === 1 ? summed : last - t0;
+  return { msPerStep: elapsed / (runs * steps), bytes };
+}
+
+async function growth(): Promise<void> {
+  const server = await startRedisServer(['--appendonly', 'yes', '--appendfsync', 'everysec']);
+  try {
+    await bigRuns(server.url, 10, 3, 1); // warm-up
+    await bigRuns(server.url, 100, 1, 1);
+    const rows: Record<string, number[]> = { s10: [], s100: [], p10: [], p100: [] };
+    let bytes10 = 0;
+    let bytes100 = 0;
+    // Interleaved, in batches of the same number of steps (ten 10-step runs, one 100-step run), so
+    // that both sizes see the same load of the shared machine; the median batch is quoted.
+    for (let rep = 0; rep < REPS; rep++) {
+      for (let k = 0; k < GROWTH_RUNS; k++) {
+        const ten = await bigRuns(server.url, 10, 10, 1);
+        const hundred = await bigRuns(server.url, 100, 1, 1);
+        rows.s10!.push(ten.msPerStep);
+        rows.s100!.push(hundred.msPerStep);
+        bytes10 = ten.bytes;
+        bytes100 = hundred.bytes;
+      }
+      rows.p10!.push((await bigRuns(server.url, 10, 80, 8)).msPerStep);
+      rows.p100!.push((await bigRuns(server.url, 100, 8, 8)).msPerStep);
+    }
+    const kb = (n: number) => `${(n / 1024).toFixed(0)} KB`;
+    console.log(
+      `\nGrowth: steps returning 20 KB, AOF everysec (${REPS} × ${GROWTH_RUNS} batches of 100 steps one at a time, ${REPS} of 800 steps 8 at a time; median, min–max)`,
+    );
+    console.log(
+      `  10-step runs, one at a time     ${median(rows.s10!).toFixed(3)} ms/step  (${spread(rows.s10!)})`,
+    );
+    console.log(
+      `  100-step runs, one at a time    ${median(rows.s100!).toFixed(3)} ms/step  (${spread(rows.s100!)})`,
+    );
+    console.log(
+      `  10-step runs, 8 at a time       ${median(rows.p10!).toFixed(3)} ms/step  (${spread(rows.p10!)})`,
+    );
+    console.log(
+      `  100-step runs, 8 at a time      ${median(rows.p100!).toFixed(3)} ms/step  (${spread(rows.p100!)})`,
+    );
+    console.log(
+      `  Redis bytes per finished run    ${kb(bytes10)} (10 steps), ${kb(bytes100)} (100 steps; outputs ${kb(100 * OUTPUT_BYTES)})`,
+    );
+    console.log(
+      `100-step vs 10-step per-step cost ratio (20 KB): ${(median(rows.s100!) / median(rows.s10!)).toFixed(2)}`,
+    );
+  } finally {
+    await server.stop();
+  }
+}
+
 console.log(
   `${STEPS}-step runs of no-op operators; ${SEQ_RUNS} runs one at a time, ${PAR_RUNS} at once`,
 );
-await measure('always');
-const everysec = await measure('everysec');
-console.log(`\nsteps/s at concurrency 32: ${everysec.toFixed(0)}`);
+{
+  const server = await startRedisServer(['--appendonly', 'yes', '--appendfsync', 'everysec']);
+  try {
+    await settledLatency(server.url, 10);
+    const { user, engine } = await settledLatency(server.url, SEQ_RUNS * 2);
+    const n = SEQ_RUNS * 2;
+    console.log(
+      `\nsettled() after start(), ${n} runs one at a time: ${(user / n).toFixed(2)} ms per run; engine (first event → run.finished) ${(engine / n).toFixed(2)} ms`,
+    );
+    console.log(`settled vs engine latency ratio: ${(user / engine).toFixed(2)}`);
+  } finally {
+    await server.stop();
+  }
+}
+
+// BENCH_ONLY=growth runs the growth figures alone; BENCH_SETTLED_ONLY=1 only the settled() latency above.
+if (process.env['BENCH_ONLY'] === 'growth') {
+  await growth();
+} else if (process.env['BENCH_SETTLED_ONLY'] !== '1') {
+  await measure('always');
+  const everysec = await measure('everysec');
+  await growth();
+  console.log(`\nsteps/s at concurrency 32: ${everysec.toFixed(0)}`);
+}

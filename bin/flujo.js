@@ -1,14 +1,41 @@
 #!/usr/bin/env node
 // The `flujo` command. Runs the compiled CLI (built by `npm run build`, which `npm ci` runs).
-import { setTimeout } from 'node:timers';
-import { main } from '../dist/cli/main.js';
+// Written so that an old Node parses it and says which version it needs, before loading anything.
+'use strict';
+
+var NEEDED = [22, 12];
+var parts = process.versions.node.split('.');
+var major = Number(parts[0]);
+var minor = Number(parts[1]);
+if (major < NEEDED[0] || (major === NEEDED[0] && minor < NEEDED[1])) {
+  process.stderr.write(
+    'flujo: this is Node ' +
+      process.versions.node +
+      ' (' +
+      process.execPath +
+      '); flujo needs Node ' +
+      NEEDED.join('.') +
+      ' or newer (Node 24 recommended). Install it from https://nodejs.org or with a version ' +
+      'manager (e.g. `nvm install 24 && nvm use 24`), then run the command again.\n',
+  );
+  process.exit(2);
+}
 
 // A closed pipe (`flujo run … | head -1`) must not kill a command that drives a run.
-for (const stream of [process.stdout, process.stderr]) {
-  stream.on('error', (error) => {
+[process.stdout, process.stderr].forEach(function (stream) {
+  stream.on('error', function (error) {
     if (error.code !== 'EPIPE') throw error;
   });
-}
-process.exitCode = await main(process.argv.slice(2));
-// A connection that is still closing must not hold the exit up.
-setTimeout(() => process.exit(), 250).unref();
+});
+
+import('../dist/cli/main.js').then(function (cli) {
+  return cli.main(process.argv.slice(2)).then(function (code) {
+    process.exitCode = code;
+    // A connection that is still closing must not hold the exit up.
+    globalThis
+      .setTimeout(function () {
+        process.exit();
+      }, 250)
+      .unref();
+  });
+});

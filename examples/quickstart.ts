@@ -6,6 +6,7 @@ import {
   startRun,
   type RunSnapshot,
 } from '../src/index.js';
+import { ensureEmbeddedRedis } from '../src/testing/index.js';
 
 const plan = parsePlan({
   name: 'newsletter',
@@ -22,7 +23,15 @@ const plan = parsePlan({
   ],
 });
 
-const redis = new Redis(process.env.REDIS_URL ?? 'redis://127.0.0.1:6379');
+// The Redis of the `flujo` command: REDIS_URL, else the embedded server of .flujo/redis.
+const url = process.env.REDIS_URL ?? (await ensureEmbeddedRedis()).url;
+// A Redis that does not answer fails within 2 s instead of being retried forever.
+const redis = new Redis(url, {
+  connectTimeout: 2000,
+  commandTimeout: 2000,
+  maxRetriesPerRequest: 1,
+  retryStrategy: () => null,
+});
 const store = createSnapshotStore<RunSnapshot>({ redis });
 const runId = `newsletter-${Date.now()}`;
 

@@ -39,6 +39,25 @@ export const ErrorCode = {
   BlobCapExceeded: 'blob_cap_exceeded',
   BlobMissing: 'blob_missing',
   PricingNotConfigured: 'pricing_not_configured',
+  /** A policy (a `policy_check` step, or one bound to a step's `policyTags`) denied the work. Final. */
+  PolicyDenied: 'policy_denied',
+  /** User code (an operator, a tool, a service it called) refused its input (HTTP 400, 422). Final. */
+  InvalidInput: 'invalid_input',
+  /** A step's dependency produced nothing the step needs. Final. */
+  MissingContext: 'missing_context',
+  /** User code was refused access (HTTP 401, 403). Final. */
+  AuthForbidden: 'auth_forbidden',
+  /** One attempt of a step (a turn of a granular step) outlived the step's `timeoutMs`. Retryable. */
+  StepTimeout: 'timeout',
+  /** User code got HTTP 404 from a service it called. Final. */
+  NotFound: 'not_found',
+  /** User code met a transient failure: HTTP 408, 429 or 5xx, a reset connection, a timeout. Retryable. */
+  ServiceUnavailable: 'service_unavailable',
+  ApprovalNotAllowed: 'approval_not_allowed',
+  StepNotSkippable: 'step_not_skippable',
+  ToolCallRejected: 'tool_call_rejected',
+  /** A step's primary failed finally, and so did its fallback. Final. */
+  FallbackFailed: 'fallback_failed',
 } as const;
 /** A value of {@link ErrorCode}. */
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
@@ -51,6 +70,74 @@ export interface SerializedError {
   retryable: boolean;
   retryAfterMs?: number | undefined;
   details?: unknown;
+  /** What user code threw, as thrown: its class, message, stack and causes (see {@link describeThrown}). */
+  thrown?: ThrownError | undefined;
+}
+
+/** A thrown error as stored with a failed attempt: bounded, JSON-safe. */
+export interface ThrownError {
+  /** Its class name, e.g. `TypeError`. */
+  name: string;
+  message: string;
+  /** The first frames of its stack (at most 20 frames, 4 KB). */
+  stack?: string | undefined;
+  /** Its `cause` chain, outermost first (at most 5). */
+  causes?: { name: string; message: string }[] | undefined;
+}
+
+const MAX_FRAMES = 20;
+const MAX_STACK_CHARS = 4096;
+const MAX_MESSAGE_CHARS = 2000;
+const MAX_CAUSES = 5;
+
+function textOf(value: unknown): string {
+  try {
+    return JSON.stringify(value) ?? typeof value;
+  } catch {
+    return typeof value;
+  }
+}
+
+const clip = (text: string, max: number) =>
+  text.length > max ? `${text.slice(0, max - 1)}…` : text;
+
+/**
+ * Describes what user code threw, for a failed attempt: the class name (`TypeError`, not the
+ * `UnknownError` it is classified as), message, the first 20 frames of its stack (4 KB at most)
+ * and its `cause` chain (unless `causes: false`). Undefined for a value that is not an Error.
+ */
+export function describeThrown(
+  thrown: unknown,
+  { causes: withCauses = true }: { causes?: boolean } = {},
+): ThrownError | undefined {
+  if (!(thrown instanceof Error)) return undefined;
+  const out: ThrownError = {
+    name: thrown.name || thrown.constructor.name || 'Error',
+    message: clip(thrown.message, MAX_MESSAGE_CHARS),
+  };
+  if (typeof thrown.stack === 'string') {
+    const frames = thrown.stack
+      .split('\n')
+      .filter((line) => /^\s+at /.test(line))
+      .slice(0, MAX_FRAMES)
+      .map((line) => line.trim());
+    if (frames.length > 0) out.stack = clip(frames.join('\n'), MAX_STACK_CHARS);
+  }
+  const causes: { name: string; message: string }[] = [];
+  const seen = new Set<unknown>([thrown]);
+  const first: unknown = withCauses ? thrown.cause : undefined;
+  for (let c: unknown = first; c !== undefined && causes.length < MAX_CAUSES;) {
+    if (seen.has(c)) break;
+    seen.add(c);
+    causes.push(
+      c instanceof Error
+        ? { name: c.name || 'Error', message: clip(c.message, MAX_MESSAGE_CHARS) }
+        : { name: typeof c, message: clip(textOf(c), MAX_MESSAGE_CHARS) },
+    );
+    c = c instanceof Error ? c.cause : undefined;
+  }
+  if (causes.length > 0) out.causes = causes;
+  return out;
 }
 
 /** Options shared by every runtime error. */
@@ -203,6 +290,32 @@ export class RunNotFoundError extends FlujoError {
   }
   override get details(): unknown {
     return { runId: this.runId };
+  }
+}
+
+/**
+ * The run existed and finished, and its keys were removed by retention
+ * (`createRuntime({ retention: { finishedRunsMs } })`). A {@link RunNotFoundError} (same code), so
+ * code that handles "not found" handles it; its message says what happened.
+ */
+export class RunRemovedError extends RunNotFoundError {
+  override name = 'RunRemovedError';
+  constructor(
+    runId: string,
+    readonly finishedAt: number,
+    readonly retentionMs: number,
+    options?: FlujoErrorOptions,
+  ) {
+    super(runId, options);
+    this.message = `Run "${runId}" was removed by retention: it finished at ${new Date(finishedAt).toISOString()} and finished runs are kept ${retentionMs} ms (retention.finishedRunsMs). Its state, events and outputs are gone.`;
+  }
+  override get details(): unknown {
+    return {
+      runId: this.runId,
+      removed: true,
+      finishedAt: this.finishedAt,
+      retentionMs: this.retentionMs,
+    };
   }
 }
 
@@ -471,8 +584,8 @@ export class UnknownToolError extends FlujoError {
   ) {
     super(
       registered.length === 0
-        ? `Unknown tool "${tool}": no tools are registered. Register it with registry.register(defineTool({ name: "${tool}", ... })).`
-        : `Unknown tool "${tool}". Registered tools: ${registered.join(', ')}. Fix the name or register the tool.`,
+        ? `Unknown tool "${tool}": no tools are registered. Add defineTool({ name: "${tool}", ... }) to the job module's \`export const tools\` (or runtime.tool(...)).`
+        : `Unknown tool "${tool}". Registered tools: ${registered.join(', ')}. Fix the name, or add defineTool({ name: "${tool}", ... }) to the job module's \`export const tools\` (or runtime.tool(...)).`,
       false,
       options,
     );
@@ -501,24 +614,128 @@ export class LedgerStateError extends FlujoError {
   }
 }
 
-/** A run hit one of its budgets (`maxSteps`, `maxToolCalls`, `maxWallClockMs`, …): it stops. */
+/**
+ * A budget was hit. Without `stepId`: one of the run's budgets (`maxSteps`, `maxToolCalls`,
+ * `maxWallClockMs`, …), and the run stops. With `stepId`: one of that step's `budgets`, and the
+ * step fails finally (the run then fails like after any final step failure).
+ */
 export class BudgetExceededError extends FlujoError {
   override name = 'BudgetExceededError';
   readonly code = ErrorCode.BudgetExceeded;
+  /** The step whose own budget was hit; undefined for a budget of the run. */
+  readonly stepId: string | undefined;
   constructor(
     readonly budget: string,
     readonly limit: number,
     readonly used: number,
+    options?: FlujoErrorOptions & { stepId?: string },
+  ) {
+    const stepId = options?.stepId;
+    super(
+      stepId === undefined
+        ? `Budget ${budget} exceeded: limit ${limit}, reached ${used}. Raise budgets.${budget} in the plan to allow more.`
+        : `Budget ${budget} of step "${stepId}" exceeded: limit ${limit}, reached ${used}. Raise the step's budgets.${budget} in the plan to allow more.`,
+      false,
+      options,
+    );
+    this.stepId = stepId;
+  }
+  override get details(): unknown {
+    const out: Record<string, unknown> = {
+      budget: this.budget,
+      limit: this.limit,
+      used: this.used,
+    };
+    if (this.stepId !== undefined) out['stepId'] = this.stepId;
+    return out;
+  }
+}
+
+/**
+ * One attempt of a step (one turn of a granular agent step) outlived the step's `timeoutMs`: its
+ * signal was aborted and whatever it still produces is discarded. Retryable: the step's retry
+ * policy decides whether another attempt follows.
+ */
+export class StepTimeoutError extends FlujoError {
+  override name = 'StepTimeoutError';
+  readonly code = ErrorCode.StepTimeout;
+  constructor(
+    readonly stepId: string,
+    readonly attempt: number,
+    readonly timeoutMs: number,
     options?: FlujoErrorOptions,
   ) {
     super(
-      `Budget ${budget} exceeded: limit ${limit}, reached ${used}. Raise budgets.${budget} in the plan to allow more.`,
-      false,
+      `Attempt ${attempt} of step "${stepId}" timed out after ${timeoutMs} ms (the step's timeoutMs). Raise timeoutMs of the step if its work needs longer.`,
+      true,
       options,
     );
   }
   override get details(): unknown {
-    return { budget: this.budget, limit: this.limit, used: this.used };
+    return { stepId: this.stepId, attempt: this.attempt, timeoutMs: this.timeoutMs };
+  }
+}
+
+/**
+ * A step cannot run because a step it depends on produced nothing it needs (no output, or not the
+ * field it reads). Final: running it again changes nothing. Throw it from an operator.
+ */
+export class MissingContextError extends FlujoError {
+  override name = 'MissingContextError';
+  readonly code = ErrorCode.MissingContext;
+  /** The step that needed the context, when known. */
+  readonly stepId: string | undefined;
+  constructor(
+    /** The dependency that produced nothing usable. */
+    readonly dependency: string,
+    /** What was missing, e.g. `output.url`. */
+    readonly missing: string,
+    options?: FlujoErrorOptions & { stepId?: string },
+  ) {
+    const where = options?.stepId === undefined ? 'the step' : `step "${options.stepId}"`;
+    super(
+      `Missing context: ${where} needs ${missing} from step "${dependency}", which did not produce it. Fix "${dependency}" so it produces ${missing}, then resume the run.`,
+      false,
+      options,
+    );
+    this.stepId = options?.stepId;
+  }
+  override get details(): unknown {
+    const out: Record<string, unknown> = { dependency: this.dependency, missing: this.missing };
+    if (this.stepId !== undefined) out['stepId'] = this.stepId;
+    return out;
+  }
+}
+
+/**
+ * Operator or tool code failed in a way its HTTP status or network error code explains (classified
+ * once, where the failure is caught): `invalid_input` for 400 and 422, `auth_forbidden` for 401 and
+ * 403, `not_found` for 404, all final; `service_unavailable` for 408, 429, 5xx, connection resets
+ * and timeouts, retryable (a 429's or 503's `retry-after` sets `retryAfterMs`). The original error
+ * is the `cause`.
+ */
+export class ServiceError extends FlujoError {
+  override name = 'ServiceError';
+  readonly code: ErrorCode;
+  /** The HTTP status the error carried, if any. */
+  readonly status: number | undefined;
+  /** The network error code the error carried (e.g. `ECONNRESET`), if any. */
+  readonly networkCode: string | undefined;
+  constructor(
+    message: string,
+    init: { code: ErrorCode; retryable: boolean; status?: number; networkCode?: string },
+    options?: Omit<FlujoErrorOptions, 'retryable'>,
+  ) {
+    super(message, init.retryable, options);
+    this.code = init.code;
+    this.status = init.status;
+    this.networkCode = init.networkCode;
+  }
+  override get details(): unknown {
+    const out: Record<string, unknown> = {};
+    if (this.status !== undefined) out['status'] = this.status;
+    if (this.networkCode !== undefined) out['networkCode'] = this.networkCode;
+    return out;
   }
 }
 
@@ -537,6 +754,83 @@ export class StepNotWaitingError extends FlujoError {
       status === null
         ? `Run "${runId}" has no step "${stepId}". Its steps: ${steps.join(', ')}.`
         : `Step "${stepId}" of run "${runId}" is ${status}, not waiting for approval; only a step in WAITING_APPROVAL can be approved or rejected (see \`flujo status ${runId}\`).`,
+      false,
+      options,
+    );
+  }
+  override get details(): unknown {
+    return { runId: this.runId, stepId: this.stepId, status: this.status };
+  }
+}
+
+/**
+ * An approve or reject came from someone the step does not let decide: not one of its gate's
+ * `approvers`, or refused by the runtime's `authorizeDecision` hook. Nothing was written.
+ */
+export class ApprovalNotAllowedError extends FlujoError {
+  override name = 'ApprovalNotAllowedError';
+  readonly code = ErrorCode.ApprovalNotAllowed;
+  constructor(
+    readonly runId: string,
+    readonly stepId: string,
+    readonly by: string,
+    /** Who may decide, when the gate lists them; null when a hook refused. */
+    readonly approvers: readonly string[] | null,
+    options?: FlujoErrorOptions & { why?: string },
+  ) {
+    super(
+      approvers === null
+        ? `${by} may not decide on step "${stepId}" of run "${runId}": ${options?.why ?? 'refused by authorizeDecision'}. Nothing was changed.`
+        : `${by} may not decide on step "${stepId}" of run "${runId}": only ${approvers.join(', ')} may approve or reject it (its gate's approvers). Nothing was changed; ask one of them, e.g. --by ${approvers[0] ?? 'NAME'}.`,
+      false,
+      options,
+    );
+  }
+  override get details(): unknown {
+    return { runId: this.runId, stepId: this.stepId, by: this.by, approvers: this.approvers };
+  }
+}
+
+/**
+ * A person rejected a tool call that needed approval (a tool with risk level high or critical). In
+ * an agent step the model is told so as the tool's result; an operator step fails finally.
+ */
+export class ToolCallRejectedError extends FlujoError {
+  override name = 'ToolCallRejectedError';
+  readonly code = ErrorCode.ToolCallRejected;
+  constructor(
+    readonly tool: string,
+    readonly callId: string,
+    readonly by: string,
+    readonly comment: string | null,
+    options?: FlujoErrorOptions,
+  ) {
+    super(
+      `The call of tool "${tool}" (call ${callId}) was rejected by ${by}${comment === null ? '' : `: ${comment}`}`,
+      false,
+      options,
+    );
+  }
+  override get details(): unknown {
+    return { tool: this.tool, callId: this.callId, by: this.by, comment: this.comment };
+  }
+}
+
+/** Skip named a step that has ended (or no step). Nothing was written. */
+export class StepNotSkippableError extends FlujoError {
+  override name = 'StepNotSkippableError';
+  readonly code = ErrorCode.StepNotSkippable;
+  constructor(
+    readonly runId: string,
+    readonly stepId: string,
+    readonly status: string | null,
+    steps: readonly string[],
+    options?: FlujoErrorOptions,
+  ) {
+    super(
+      status === null
+        ? `Run "${runId}" has no step "${stepId}". Its steps: ${steps.join(', ')}.`
+        : `Step "${stepId}" of run "${runId}" is ${status}, which is final; only a step that has not ended can be skipped (see \`flujo status ${runId}\`).`,
       false,
       options,
     );
@@ -775,10 +1069,62 @@ export class MaxTurnsExceededError extends FlujoError {
   }
 }
 
+/**
+ * A step whose cache class is `deterministic` ran again on the same code, input and dependencies,
+ * and its output differs from the one stored before. Final. Its name is `NonDeterminismError` and
+ * its code `non_determinism`, as for a tool call that does not match its ledger entry.
+ */
+export class StepNonDeterminismError extends FlujoError {
+  override name = 'NonDeterminismError';
+  readonly code = ErrorCode.NonDeterminism;
+  constructor(
+    readonly stepId: string,
+    readonly sourceRunId: string,
+    readonly storedHash: string,
+    readonly outputHash: string,
+    options?: FlujoErrorOptions,
+  ) {
+    super(
+      `Non-determinism in step "${stepId}": its cache class is deterministic, but this output (hash ${outputHash.slice(0, 12)}) differs from the one run "${sourceRunId}" stored for the same code, input and dependencies (hash ${storedHash.slice(0, 12)}). Make the step deterministic, give its operator a new version, or set cachePolicy to stable_nondeterministic.`,
+      false,
+      options,
+    );
+  }
+  override get details(): unknown {
+    return {
+      stepId: this.stepId,
+      sourceRunId: this.sourceRunId,
+      storedHash: this.storedHash,
+      outputHash: this.outputHash,
+    };
+  }
+}
+
+/** A step's primary failed finally and its fallback failed too; the message names both errors. */
+export class FallbackFailedError extends FlujoError {
+  override name = 'FallbackFailedError';
+  readonly code = ErrorCode.FallbackFailed;
+  constructor(
+    readonly stepId: string,
+    readonly primary: SerializedError,
+    readonly fallback: SerializedError,
+    options?: FlujoErrorOptions,
+  ) {
+    super(
+      `Step "${stepId}" failed: its primary failed with ${primary.code}: ${primary.message} — and its fallback failed with ${fallback.code}: ${fallback.message}`,
+      false,
+      options,
+    );
+  }
+  override get details(): unknown {
+    return { stepId: this.stepId, primary: this.primary, fallback: this.fallback };
+  }
+}
+
 /** What {@link UsageLimitExceededError} reports. Money is in integer micro-USD (1 USD = 1,000,000). */
 export interface UsageLimitInfo {
-  /** Whose limit: the run's budget (from the plan) or the tenant's quota. */
-  scope: 'run' | 'tenant';
+  /** Whose limit: the run's budget, the step's budget (both from the plan) or the tenant's quota. */
+  scope: 'run' | 'step' | 'tenant';
   limit: 'maxTokens' | 'maxCostUsd';
   /** The limit, in tokens or micro-USD. */
   limitValue: number;
@@ -790,6 +1136,8 @@ export interface UsageLimitInfo {
   requested: number;
   runId: string;
   tenantId: string;
+  /** For scope `step`: the step. */
+  stepId?: string;
 }
 
 function formatMicroUsd(micro: number): string {
@@ -807,13 +1155,20 @@ export class UsageLimitExceededError extends FlujoError {
   constructor(info: UsageLimitInfo, options?: FlujoErrorOptions) {
     const { scope, limit, limitValue, used, reserved, requested, runId, tenantId } = info;
     const fmt = limit === 'maxTokens' ? (n: number) => `${n} tokens` : formatMicroUsd;
-    const who = scope === 'run' ? `Run "${runId}"` : `Tenant "${tenantId}" (run "${runId}")`;
+    const who =
+      scope === 'run'
+        ? `Run "${runId}"`
+        : scope === 'step'
+          ? `Step "${info.stepId ?? '?'}" of run "${runId}"`
+          : `Tenant "${tenantId}" (run "${runId}")`;
     const fix =
       scope === 'run'
         ? `Raise budgets.${limit} in the plan`
-        : `Raise the tenant's quota (${limit === 'maxTokens' ? 'maxTokens' : 'maxMicroUsd'} of tenant "${tenantId}")`;
+        : scope === 'step'
+          ? `Raise the step's budgets.${limit} in the plan`
+          : `Raise the tenant's quota (${limit === 'maxTokens' ? 'maxTokens' : 'maxMicroUsd'} of tenant "${tenantId}")`;
     super(
-      `${who} would exceed its ${scope === 'run' ? 'budget' : 'quota'} ${limit}: limit ${fmt(limitValue)}, spent ${fmt(used)}, reserved ${fmt(reserved)}, this call needs ${fmt(requested)}. Nothing was reserved. ${fix} to allow more.`,
+      `${who} would exceed its ${scope === 'tenant' ? 'quota' : 'budget'} ${limit}: limit ${fmt(limitValue)}, spent ${fmt(used)}, reserved ${fmt(reserved)}, this call needs ${fmt(requested)}. Nothing was reserved. ${fix} to allow more.`,
       false,
       options,
     );
@@ -917,6 +1272,29 @@ export class PricingNotConfiguredError extends FlujoError {
   }
   override get details(): unknown {
     return { model: this.model, setting: this.setting };
+  }
+}
+
+/**
+ * A policy denied a step: a `policy_check` step's policy, or a policy bound to one of the step's
+ * `policyTags`. Final whatever the retry policy says: the same inputs meet the same policy.
+ */
+export class PolicyDeniedError extends FlujoError {
+  override name = 'PolicyDeniedError';
+  readonly code = ErrorCode.PolicyDenied;
+  constructor(
+    readonly policy: string,
+    readonly stepId: string,
+    readonly reason: string,
+    options?: Omit<FlujoErrorOptions, 'retryable'>,
+  ) {
+    super(`Policy "${policy}" denied step "${stepId}": ${reason}`, false, {
+      ...options,
+      retryable: false,
+    });
+  }
+  override get details(): unknown {
+    return { policy: this.policy, stepId: this.stepId, reason: this.reason };
   }
 }
 

@@ -2,14 +2,18 @@
  * Flujo: a durable execution runtime for AI agents and multi-step jobs. Runs and steps are XState
  * machines whose snapshots live in Redis, written with compare-and-set.
  *
- * The public surface, explicitly: nothing else is part of the API. Test helpers (the scripted
- * OpenAI-compatible model server) are published separately as `flujo/testing`.
+ * The public surface, explicitly: what a user writes code with (the runtime, tool and agent
+ * definitions, plans, the machines and their kernel, outcomes and errors, job modules). Nothing
+ * else is part of the API: the stores, key builders, token counters and the like behind the runtime
+ * are internal. Test helpers (the scripted OpenAI-compatible model server, an embedded
+ * redis-server) are published separately as `flujo/testing`.
  *
  * @packageDocumentation
  */
 
 // Errors: every error has `name`, `code` and `retryable`, and survives JSON.
 export {
+  ApprovalNotAllowedError,
   BlobCapExceededError,
   BlobMissingError,
   BudgetExceededError,
@@ -22,9 +26,13 @@ export {
   InvariantError,
   LedgerStateError,
   MaxTurnsExceededError,
+  MissingContextError,
   ModelError,
   NonDeterminismError,
+  StepNonDeterminismError,
+  FallbackFailedError,
   PlanValidationError,
+  PolicyDeniedError,
   PricingNotConfiguredError,
   RedisUnavailableError,
   ReservationNotFoundError,
@@ -32,12 +40,17 @@ export {
   RevivedError,
   RunAlreadyExistsError,
   RunNotFoundError,
+  RunRemovedError,
   RunNotResumableError,
+  ServiceError,
   SnapshotConflictError,
   SnapshotCorruptError,
   SnapshotUnsupportedError,
+  StepNotSkippableError,
   StepNotWaitingError,
+  StepTimeoutError,
   ToolCallBusyError,
+  ToolCallRejectedError,
   ToolInputError,
   ToolOutcomeUnknownError,
   UnknownError,
@@ -47,27 +60,36 @@ export {
   isFlujoError,
   isRetryable,
   reviveError,
-  toFlujoError,
 } from './errors.js';
-export type { FlujoErrorOptions, SerializedError, ValidationIssue } from './errors.js';
+export type {
+  FingerprintField,
+  FlujoErrorOptions,
+  ModelErrorKind,
+  SerializedError,
+  ThrownError,
+  UsageLimitInfo,
+  ValidationIssue,
+} from './errors.js';
 
 // Plain JSON: what inputs, outputs and snapshots are made of.
-export { assertPlainJson, findNonJson, isPlainJson } from './internal/json.js';
+export { MAX_JSON_DEPTH } from './internal/json.js';
 export type { JsonObject, JsonValue } from './internal/json.js';
 
-// Plans as data.
+// Plans as data, checked by `parsePlan` or built with `plan`, `Step` and `Pipeline`.
 export { parsePlan } from './plan/parse-plan.js';
-export {
-  STEP_ID_PATTERN,
-  planSchema,
-  retryPolicySchema,
-  stepNeedsApproval,
-  stepSchema,
-} from './plan/schema.js';
-export { dependentsOf, topologicalOrder } from './plan/graph.js';
+export { Pipeline, Step, plan } from './plan/builders.js';
+export type {
+  AgentLoopOptions,
+  AgentRef,
+  AgentStepOptions,
+  GranularStepOptions,
+  PlanOptions,
+  StepOptions,
+} from './plan/builders.js';
 export type {
   AgentStep,
   CachePolicy,
+  StepFallback,
   EffectClass,
   HumanGateStep,
   OperatorStep,
@@ -105,7 +127,9 @@ export {
 } from './machines/types.js';
 export type {
   AgentProgress,
+  CacheSource,
   Decision,
+  FallbackPhase,
   PlannedAction,
   StepContext,
   StepReport,
@@ -125,22 +149,10 @@ export type {
   StepSkippedEvent,
   StepSucceededEvent,
 } from './schemas/events.js';
-export { serializedErrorSchema } from './schemas/error.js';
-export {
-  abortedSchema,
-  chunkSchema,
-  failureFrom,
-  failureSchema,
-  parseOutcome,
-  pausedSchema,
-  stepOutcomeSchema,
-  successSchema,
-} from './schemas/outcomes.js';
+export { parseOutcome } from './schemas/outcomes.js';
 export type { Aborted, Chunk, Failure, Paused, StepOutcome, Success } from './schemas/outcomes.js';
 
-// Persistence: keys, the versioned envelope, the CAS snapshot store, an embedded redis-server.
-export { createKeys } from './persistence/keys.js';
-export type { Keys } from './persistence/keys.js';
+// Persistence for a service that embeds the kernel: the versioned envelope, the CAS snapshot store.
 export { createSnapshotCodec } from './persistence/codec.js';
 export type { SnapshotCodec, SnapshotEnvelope, SnapshotMigration } from './persistence/codec.js';
 export { createSnapshotStore } from './persistence/snapshot-store.js';
@@ -153,70 +165,117 @@ export type {
   SnapshotStoreOptions,
   StoredRunEvent,
 } from './persistence/snapshot-store.js';
-export { startEmbeddedRedis } from './persistence/embedded-redis.js';
-export type { EmbeddedRedis, EmbeddedRedisOptions } from './persistence/embedded-redis.js';
+// Traces: a run as JSON (`runtime.trace`), and as an HTML timeline.
+export { renderTraceHtml } from './observability/trace-html.js';
+export type {
+  AttemptOutcome,
+  RunTrace,
+  TraceAttempt,
+  TraceModelCall,
+  TraceStep,
+  TraceTakeover,
+  TraceToolCall,
+  TraceToolExecution,
+  TraceTurn,
+  TraceWait,
+} from './observability/run-trace.js';
 
 // The runtime: start, steer and observe runs; workers execute them through BullMQ.
 export { createRuntime } from './runtime.js';
 export type {
   DecisionInput,
+  PendingApproval,
   RunHandle,
   RunReport,
   RunUsage,
   Runtime,
   RuntimeOptions,
+  RegisterOptions,
+  SkipInput,
   StartOptions,
+  StepProgress,
 } from './runtime.js';
-export type { CoreOptions } from './worker/core.js';
+export type { CoreOptions, StepFailureInfo } from './actors/core.js';
+export type { RetentionOptions } from './persistence/retention.js';
+// What `createRuntime({ inspect })` takes: an XState inspection observer.
+export type { InspectObserver } from './observability/inspect.js';
 export type { FlujoWorker, WorkerOptions } from './worker/worker.js';
+// The web view (`flujo ui`): the run list, live run pages, approve/reject forms.
+export { startUi } from './ui/server.js';
+export type { UiOptions, UiServer } from './ui/server.js';
+// Replay: reproduce a run as stored, replay or regenerate it, fork it from a step.
+export { ReplayMode } from './worker/replay.js';
+export type {
+  ReplayedRun,
+  ReplayOptions,
+  ReproducedRun,
+  RunIntegrity,
+  RunLineage,
+} from './worker/replay.js';
+export type { SnapshotDifference } from './machines/refold.js';
+export type { ReplayLink } from './persistence/lineage-store.js';
+export type { JournaledReply } from './persistence/model-journal.js';
+export type { RunListEntry, RunListFilter } from './worker/run-list.js';
 export type { Operator, OperatorContext, StepTools, StreamedText } from './actors/execute-step.js';
+export type {
+  Policy,
+  PolicyContext,
+  PolicyDecision,
+  PolicyExport,
+  PolicyOptions,
+} from './actors/policies.js';
 export type { AgentResult } from './actors/run-agent.js';
 export { createDefaultLogger, silentLogger } from './logging.js';
 export type { Logger } from './logging.js';
 export type { RunSummary } from './actors/run-host.js';
 
-// Tools: definitions checked once; every call from a step goes through the ledger.
+// Tools: definitions checked once, their classification; every call from a step goes through the
+// ledger, whose entries `runtime.ledger` returns.
 export { defineTool } from './tools/define-tool.js';
+export { classifyFailure } from './tools/classify-failure.js';
 export type { ToolContext, ToolDefinition, ToolSpec } from './tools/define-tool.js';
-
-// Tools: definitions, classification, the ledger.
 export { classifyTool } from './tools/classify.js';
 export type { ToolClass } from './tools/classify.js';
-export { createToolRegistry } from './tools/registry.js';
-export type { ToolRegistry } from './tools/registry.js';
 export { LedgerState } from './persistence/ledger.js';
 export type { LedgerEntry } from './persistence/ledger.js';
 
-// Agents: definitions and the resume fingerprint.
+// Agents: definitions, and the messages of their conversations.
 export { defineAgent } from './agents/define-agent.js';
-export type { AgentDefinition, AgentSettings, AgentSpec } from './agents/define-agent.js';
-export type { ChatMessage, ModelReply, ToolCall } from './llm/messages.js';
-export { AGENT_LOOP_DEFAULTS, Pipeline, Step, plan } from './plan/builders.js';
-
-// Usage: token estimates, prices, reservations and quotas; blobs of large tool results.
-export { createTokenCounter, encodingForModel, estimateRequest } from './llm/tokens.js';
-export type { RequestEstimate, TokenCounter, TokenEncoding } from './llm/tokens.js';
-export {
-  costMicroUsd,
-  loadPricingFile,
-  mergePricing,
-  parsePricing,
-  priceFor,
-  resolvePrice,
-} from './llm/pricing.js';
-export type { ModelPrice, PricingTable } from './llm/pricing.js';
-export { createQuotaStore, ReservationState } from './persistence/quota-store.js';
 export type {
-  QuotaStore,
+  AgentDefinition,
+  AgentProvider,
+  AgentProviderSpec,
+  AgentSettings,
+  AgentSpec,
+  ApiKeySource,
+} from './agents/define-agent.js';
+export type { ChatMessage, ModelReply, ToolCall } from './llm/messages.js';
+
+// Usage: the prices a runtime or a job module is given; the reservations and totals
+// `runtime.usage` reports.
+export type { ModelPrice, PricingTable } from './llm/pricing.js';
+export { ReservationState } from './persistence/quota-store.js';
+export type {
   ReconcileOutcome,
   Reservation,
   TenantQuota,
   UsageTotals,
 } from './persistence/quota-store.js';
-export { blobRef, createBlobStore, parseBlobRefs } from './persistence/blob-store.js';
-export type { BlobStore, StoredBlob } from './persistence/blob-store.js';
-export { truncateMiddleOut, truncationPlaceholder } from './agents/truncate.js';
 
-// Agent turn storage: the model-reply journal and the append-only history.
-export { createModelJournal } from './persistence/model-journal.js';
-export { createHistoryStore } from './persistence/history.js';
+// Job modules: their exports in one typed object.
+export { defineJob } from './define-job.js';
+export type { JobDefinition, JobSetupContext, OperatorNamesOf } from './define-job.js';
+
+// Starting runs from a plain BullMQ producer: the queue, the job name and its data.
+export {
+  DEFAULT_QUEUE_NAME,
+  runQueue,
+  START_JOB_NAME,
+  startJobDataSchema,
+  type RunQueue,
+  type StartJobData,
+  type StartJobResult,
+} from './worker/start-job.js';
+
+// A worker's in-process status (`worker.status()`).
+export type { RunningUnit, WorkerCounters, WorkerStatus } from './worker/registry.js';

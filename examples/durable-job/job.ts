@@ -9,6 +9,7 @@
  *   npx flujo run examples/durable-job/job.ts
  *   npx flujo resume <runId> examples/durable-job/job.ts
  */
+import { createHash } from 'node:crypto';
 import { mkdir, readFile, readdir, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -28,7 +29,7 @@ import { startModel, textOf, type ModelEndpoint } from './model.ts';
 import { ensureService, type ServiceHandle } from './service.ts';
 
 /** Where the fixture pages are. */
-export const PAGES_DIR = fileURLToPath(new URL('./pages/', import.meta.url));
+export const PAGES_DIR = fileURLToPath(new URL('./pages', import.meta.url));
 
 /** The run input when none is given. */
 export const input = { to: 'docs-team@tidewater.example' };
@@ -87,7 +88,8 @@ export const plan = {
       operator: 'email',
       dependsOn: ['upload'],
       effects: ['external'],
-      riskLevel: 'high',
+      // `high` or `critical` would make the step wait for a person, as `gatedPlan` below does.
+      riskLevel: 'medium',
     },
   ],
 } satisfies PlanInput;
@@ -217,7 +219,8 @@ export const sendEmail = defineTool({
   output: z.object({ messageId: z.string(), to: z.string(), queued: z.boolean() }),
   class: 'external',
   requiresIdempotencyKey: true,
-  riskLevel: 'high',
+  // `high` or `critical` would hold every call for a person's approval.
+  riskLevel: 'medium',
   run: (args, ctx) => post('/email', args, ctx),
 });
 
@@ -366,22 +369,23 @@ export const operators: Record<string, Operator> = {
   /**
    * Writes the report as HTML into the data directory: the crawl's figures and the agent's draft.
    * Deterministic (no clock), and it reads only committed outputs: a re-run writes the same
-   * bytes, so the upload's arguments, and with them its ledger call, stay the same.
+   * bytes, so the upload's arguments, and with them its ledger call, stay the same. The file is
+   * named by its content, not by the run: a replay of the run (`flujo replay`) whose agent
+   * drafts the same report uploads the same arguments and gets the original's receipt.
    */
-  async render({ deps, runId }): Promise<Rendered> {
+  async render({ deps }): Promise<Rendered> {
     const { pages } = deps['crawl'] as unknown as { pages: Page[] };
     const draft = (deps['report'] as unknown as AgentResult).answer ?? '';
     const words = pages.reduce((n, p) => n + p.words, 0);
     const longest = pages.reduce((a, b) => (b.words > a.words ? b : a));
     const dir = join(needSetup(), 'reports');
     await mkdir(dir, { recursive: true });
-    const name = `tidewater-docs-${runId.replace(/[^\w.-]/g, '_')}.html`;
     const title = `Tidewater docs: ${pages.length} pages, ${words} words`;
     const bullets = draft.split('\n').filter((l) => l.startsWith('- '));
     const prose = draft.split('\n').filter((l) => l.trim() !== '' && !l.startsWith('- '));
     const html = [
       '<!doctype html>',
-      `<html lang="en"><head><meta charset="utf-8"><title>Docs report ${escape(runId)}</title></head><body>`,
+      `<html lang="en"><head><meta charset="utf-8"><title>Docs report: ${escape(title)}</title></head><body>`,
       `<h1>${escape(title)}</h1>`,
       ...prose.map((l) => `<p>${escape(l)}</p>`),
       ...(bullets.length === 0
@@ -395,6 +399,7 @@ export const operators: Record<string, Operator> = {
       '</body></html>',
       '',
     ].join('\n');
+    const name = `tidewater-docs-${createHash('sha256').update(html).digest('hex').slice(0, 16)}.html`;
     const path = join(dir, name);
     await writeFile(path, html);
     return { path, name, bytes: Buffer.byteLength(html), title };

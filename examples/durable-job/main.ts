@@ -14,12 +14,13 @@ import { randomUUID } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { createRuntime, startEmbeddedRedis, type AgentResult, type JsonValue } from 'flujo';
+import { createRuntime, type AgentResult, type JsonValue } from 'flujo';
+import { startEmbeddedRedis } from 'flujo/testing';
 import { agents, input, modelEndpoint, operators, plan, serviceUrl, setup, tools } from './job.ts';
 import { fetchStats, type ServiceStats } from './service.ts';
 
 const started = performance.now();
-const ROOT = fileURLToPath(new URL('../../', import.meta.url));
+const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const CHILD = fileURLToPath(new URL('./worker-child.ts', import.meta.url));
 // The CLI keeps job data in .flujo/data too, so `flujo run` and this demo share one service.
 const DATA_DIR = resolve('.flujo', 'data');

@@ -15,7 +15,6 @@ import {
   isFlujoError,
   parsePlan,
   runSteps,
-  startEmbeddedRedis,
   startRun,
   type JsonValue,
   type PlannedAction,
@@ -23,6 +22,7 @@ import {
   type RunSnapshot,
   type RunTransition,
 } from '../../src/index.js';
+import { startEmbeddedRedis } from '../../src/testing/index.js';
 
 const plan = parsePlan(readFileSync(new URL('./plan.json', import.meta.url), 'utf8'));
 

@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 /** Where the corpus files are. */
-export const CORPUS_DIR = fileURLToPath(new URL('./corpus/', import.meta.url));
+export const CORPUS_DIR = fileURLToPath(new URL('./corpus', import.meta.url));
 
 /** One file of the corpus. */
 export interface Doc {

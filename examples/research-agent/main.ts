@@ -15,7 +15,8 @@ import { randomUUID } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { createRuntime, startEmbeddedRedis, type AgentResult, type LedgerEntry } from 'flujo';
+import { createRuntime, type AgentResult, type LedgerEntry } from 'flujo';
+import { startEmbeddedRedis } from 'flujo/testing';
 import { fetchStats, type ServiceStats } from '../durable-job/service.ts';
 import {
   agents,
@@ -29,7 +30,7 @@ import {
 } from './job.ts';
 
 const started = performance.now();
-const ROOT = fileURLToPath(new URL('../../', import.meta.url));
+const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const CHILD = fileURLToPath(new URL('./worker-child.ts', import.meta.url));
 // The CLI keeps job data in .flujo/data too: `flujo run` and this demo share the service and model.
 const DATA_DIR = resolve('.flujo', 'data');

@@ -1,22 +1,28 @@
 /**
  * Tool calls of an agent's reply, run through the ledger: shared by atomic and granular steps. In a
  * granular step, a tool that must see the turn's idempotency key gets it as its `idempotency_key`
- * argument, filled in by the runtime and checked before the call can have any effect (seed 000
- * §7). Every tool gets it in its context as `ctx.turnKey`, beside `ctx.idempotencyKey` (the call's
+ * argument, filled in by the runtime and checked before the call can have any effect. Every
+ * tool gets it in its context as `ctx.turnKey`, beside `ctx.idempotencyKey` (the call's
  * own ledger id).
  */
 import { createHash } from 'node:crypto';
-import { ConfigurationError } from '../errors.js';
+import { ConfigurationError, ToolCallRejectedError } from '../errors.js';
 import { debugPoint, DebugPoint } from '../internal/debug-points.js';
 import type { JsonValue } from '../internal/json.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
 import { IDEMPOTENCY_KEY_ARG } from '../agents/tool-schema.js';
 import type { ChatMessage, ToolCall } from '../llm/messages.js';
-import type { Ledger, LedgerEntry } from '../persistence/ledger.js';
-import { blobReceipt, refOfReceipt } from '../persistence/blob-store.js';
-import { callTool } from '../tools/call-tool.js';
+import type { Ledger, LedgerEntry, LedgerRecordOp } from '../persistence/ledger.js';
+import { refOfReceipt } from '../persistence/blob-store.js';
+import {
+  callTool,
+  type ReplayedCalls,
+  type StoreResult,
+  type ToolCallObservation,
+} from '../tools/call-tool.js';
 import { ToolClass } from '../tools/classify.js';
 import type { ToolDefinition } from '../tools/define-tool.js';
+import { rejectionMessage, type CallGate } from './call-approval.js';
 
 const sha256 = (text: string): string => createHash('sha256').update(text, 'utf8').digest('hex');
 
@@ -67,9 +73,18 @@ export interface ToolRunDeps {
   ledger: Ledger;
   leaseMs: number;
   /** Called before each tool call that will really run (budgets). @defaultValue none */
-  beforeToolRun?: () => Promise<void>;
-  /** Turns a tool result into what the history keeps (e.g. a blob reference for a large one). */
-  storeResult?: (content: string) => Promise<string>;
+  beforeRun?: () => Promise<void>;
+  /**
+   * Stores a large tool result as a blob (granular steps): the ledger's receipt and the history
+   * then keep its reference. @defaultValue results are kept as they are
+   */
+  storeResult?: StoreResult;
+  /** Decides on calls of tools with risk level high or critical (see `callGate`). */
+  gate?: CallGate;
+  /** In a run that replays another: the original's receipts (see `callTool`). */
+  replay?: ReplayedCalls;
+  /** Told how each tool call went, with the turn it was made in. @defaultValue nobody */
+  onToolCall?: (call: ToolCallObservation & { turn: number }) => void;
 }
 
 /** Where the calls happen. */
@@ -88,7 +103,11 @@ export interface ToolRunContext {
    * as an argument; atomic steps key each call by its arguments.
    */
   mode: 'atomic' | 'granular';
+  /** The step's declared effects: a tool of another class (but read-only) is refused. */
+  effects: readonly string[];
   signal: AbortSignal;
+  /** The size (bytes) over which `storeResult` stores a tool result (the step's setting). */
+  blobThresholdBytes: number;
 }
 
 /** True when `tool` must be called with the turn's key in its `idempotency_key` argument. */
@@ -142,29 +161,20 @@ function checkTurnKey(
 }
 
 /**
- * A result as the ledger records it when results are stored: over the threshold, the receipt
- * stands for the blob (the bytes are kept once, in the blob store); otherwise the result itself.
- */
-async function recordAs(
-  storeResult: (content: string) => Promise<string>,
-  result: JsonValue,
-): Promise<JsonValue> {
-  const content = JSON.stringify(result);
-  const stored = await storeResult(content);
-  return stored === content ? result : blobReceipt(stored);
-}
-
-/**
  * Runs the tool calls of one reply in order, each through the ledger (a recorded call returns its
  * receipt), and returns the tool messages answering them. A call whose arguments are not JSON is
  * answered with an error message the model can correct; a call of a tool the agent does not have
- * is a configuration error. Any failure of a tool aborts the turn.
+ * is a configuration error. Any failure of a tool aborts the turn. With `deferred` (granular
+ * mode), the receipt of the last call, when it is a read-only call that ran, is not written but
+ * pushed there, for the turn's commit to write: nothing runs after it, so the commit is its
+ * first chance, and a crash before it only runs that read-only call again.
  */
 export async function runToolCalls(
   deps: ToolRunDeps,
   context: ToolRunContext,
   calls: readonly ToolCall[],
   known: ReadonlyMap<string, Promise<LedgerEntry | null>> = new Map(),
+  deferred?: LedgerRecordOp[],
 ): Promise<ChatMessage[]> {
   const { agent, runId, stepId, tenantId, attempt, turn, signal } = context;
   const tools = new Map(agent.tools.map((t) => [t.name, t]));
@@ -194,25 +204,58 @@ export async function runToolCalls(
     const callId =
       context.mode === 'granular' ? turnCallId(runId, stepId, turn, call.id) : undefined;
     const entry = callId === undefined ? undefined : known.get(callId);
-    const result = await callTool({
-      ledger: deps.ledger,
-      tool,
-      args: withTurnKey(tool, raw, key, context),
-      ctx: { runId, stepId, tenantId, attempt, signal, turnKey: key },
-      leaseMs: deps.leaseMs,
-      ...(callId === undefined ? {} : { callId }),
-      ...(entry === undefined ? {} : { known: entry }),
-      checkArgs: (parsed) => checkTurnKey(tool, parsed, key, context),
-      ...(deps.beforeToolRun === undefined ? {} : { beforeRun: deps.beforeToolRun }),
-      ...(storeResult === undefined ? {} : { recordAs: (r) => recordAs(storeResult, r) }),
-    });
+    const defer =
+      deferred !== undefined &&
+      callId !== undefined &&
+      i === calls.length - 1 &&
+      tool.class === ToolClass.ReadOnly;
+    const gate = deps.gate;
+    let result;
+    try {
+      result = await callTool({
+        ledger: deps.ledger,
+        tool,
+        args: withTurnKey(tool, raw, key, context),
+        ctx: { runId, stepId, tenantId, attempt, signal, turnKey: key, effects: context.effects },
+        leaseMs: deps.leaseMs,
+        ...(callId === undefined ? {} : { callId }),
+        ...(entry === undefined ? {} : { known: entry }),
+        ...(defer ? { deferReceipt: (op: LedgerRecordOp) => deferred?.push(op) } : {}),
+        checkArgs: (parsed) => checkTurnKey(tool, parsed, key, context),
+        ...(gate === undefined
+          ? {}
+          : {
+              approve: (c) =>
+                gate.check({
+                  ...c,
+                  toolCallId: call.id,
+                  ...(context.mode === 'granular' ? { turn } : {}),
+                }),
+            }),
+        ...(deps.beforeRun === undefined ? {} : { beforeRun: deps.beforeRun }),
+        ...(deps.onToolCall === undefined
+          ? {}
+          : { observe: (c: ToolCallObservation) => deps.onToolCall?.({ ...c, turn }) }),
+        ...(storeResult === undefined
+          ? {}
+          : { storeResult, blobThresholdBytes: context.blobThresholdBytes }),
+        ...(deps.replay === undefined ? {} : { replay: deps.replay }),
+      });
+    } catch (thrown) {
+      // A person rejected the call: the model is told, like a tool's error, and goes on.
+      if (!(thrown instanceof ToolCallRejectedError)) throw thrown;
+      messages.push({ role: 'tool', tool_call_id: call.id, content: rejectionMessage(thrown) });
+      continue;
+    }
     const ref = refOfReceipt(result.receipt);
     const content = ref ?? JSON.stringify(result.receipt);
     messages.push({
       role: 'tool',
       tool_call_id: call.id,
       content:
-        storeResult === undefined || ref !== undefined ? content : await storeResult(content),
+        storeResult === undefined || ref !== undefined
+          ? content
+          : await storeResult(runId, content, context.blobThresholdBytes),
     });
   }
   return messages;

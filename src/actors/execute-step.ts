@@ -1,25 +1,46 @@
 import {
   BudgetExceededError,
   ConfigurationError,
+  FallbackFailedError,
+  InputValidationError,
+  describeThrown,
   InvariantError,
-  toFlujoError,
+  MissingContextError,
+  ModelError,
   type SerializedError,
 } from '../errors.js';
 import { canonicalHash } from '../internal/canonical-hash.js';
-import { findNonJson, type JsonValue } from '../internal/json.js';
+import { assertPlainJson, findNonJson, type JsonValue } from '../internal/json.js';
 import type { StepState } from '../machines/kernel.js';
-import type { AgentStep, PlanStep } from '../plan/schema.js';
+import type { CacheSource } from '../machines/types.js';
+import { agentStepSchema, type AgentStep, type PlanStep } from '../plan/schema.js';
 import type { ChatMessage, ModelReply } from '../llm/messages.js';
 import type { FingerprintStore } from '../persistence/fingerprint-store.js';
 import type { ModelJournal } from '../persistence/model-journal.js';
 import type { Ledger } from '../persistence/ledger.js';
-import { callTool } from '../tools/call-tool.js';
+import {
+  callTool,
+  type CallToolContext,
+  type ReplayedCalls,
+  type StoreResult,
+  type ToolCallObservation,
+} from '../tools/call-tool.js';
+import { classifyFailure } from '../tools/classify-failure.js';
 import type { ToolRegistry } from '../tools/registry.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
 import type { ModelClient } from '../llm/openai-client.js';
+import { actionCallId, actionKeyOf, actionLedgerScope, keyInputValue } from './action-keys.js';
 import { runAtomicAgent, takeTurn, type AgentLoopDeps, type TurnResult } from './run-agent.js';
+import {
+  enforcePolicy,
+  enforceTaggedPolicies,
+  resolvePolicy,
+  type RegisteredPolicy,
+} from './policies.js';
 import type { ModelContext } from './model-context.js';
-import type { RunUsageBudget, UsageMeter } from './usage-meter.js';
+import type { ModelCallObservation, RunUsageBudget, UsageMeter } from './usage-meter.js';
+import { callGate, type CallGate, type CallToApprove } from './call-approval.js';
+import { traceAttempt } from '../observability/spans.js';
 
 /** What an operator receives. */
 export interface OperatorContext {
@@ -40,6 +61,22 @@ export interface OperatorContext {
   signal: AbortSignal;
   /** Registered tools, every call recorded in the ledger: a recorded call returns its receipt. */
   tools: StepTools;
+  /**
+   * The output of dependency `stepId`, or the value at the dotted `path` inside it. Throws
+   * `MissingContextError` (final: code `missing_context`) when the dependency produced nothing
+   * there (also when it was skipped), and `ConfigurationError` when the step does not depend on it.
+   */
+  need: (stepId: string, path?: string) => JsonValue;
+  /**
+   * Set when this operator runs as a step's fallback: the error the step's primary failed with
+   * finally (its message verbatim).
+   */
+  fallbackOf?: { error: SerializedError };
+  /**
+   * Reports how far the step has come (plain JSON, at most 8 KiB), for people watching: the latest
+   * value is shown live by `flujo run` and by `status`; it is not part of the run's history.
+   */
+  progress: (info: JsonValue) => void;
 }
 
 /** Ledger-guarded tool calls from inside a step. */
@@ -54,12 +91,20 @@ export type Operator = (context: OperatorContext) => unknown;
 /** Everything a step execution needs from the worker. */
 export interface StepExecutionDeps {
   operators: ReadonlyMap<string, Operator>;
+  /** Policies by name: `policy_check` steps name one; tagged ones guard steps with those tags. */
+  policies: ReadonlyMap<string, RegisteredPolicy>;
   agents: ReadonlyMap<string, AgentDefinition>;
   clientFor: (agent: AgentDefinition) => ModelClient;
   tools: ToolRegistry;
   ledger: Ledger;
-  /** Counts a tool call against the run's budget; returns the count including this call. */
-  countToolCall(runId: string): Promise<number>;
+  /**
+   * Counts a tool call that will really run, for the run and for its step; returns both counts
+   * including this call.
+   */
+  countToolCall(runId: string, stepId: string): Promise<{ run: number; step: number }>;
+  /** The run's trace context (a `traceparent`): the parent of the execution's span. */
+  trace?: string | null;
+  /** The run's `budgets.maxToolCalls`. */
   maxToolCalls: number | undefined;
   leaseMs: number;
   journal: ModelJournal;
@@ -73,26 +118,58 @@ export interface StepExecutionDeps {
   /** Shapes what the model is sent: truncation, blobs put back. */
   context?: ModelContext;
   /** Stores a large tool result of a granular step as a blob; returns what the history keeps. */
-  offload?: (runId: string, content: string, thresholdBytes: number) => Promise<string>;
+  storeResult?: StoreResult;
   /** The run's usage budget. */
   budget?: RunUsageBudget;
+  /** The runtime's `policyVersion`, part of a granular step's fingerprint. */
+  policyVersion?: string | undefined;
+  /** Told how each tool call of the execution went (`turn` in an agent step). */
+  onToolCall?: (call: ToolCallObservation & { turn?: number }) => void;
+  /** Told how each model call of the execution went. */
+  onModelCall?: (call: ModelCallObservation) => void;
+  /** Receives what an operator reports with `ctx.progress` (checked JSON). */
+  onProgress?: (where: { runId: string; stepId: string; attempt: number }, info: JsonValue) => void;
+}
+
+/** The most bytes of JSON one `ctx.progress` call may report. */
+const MAX_PROGRESS_BYTES = 8192;
+
+/** Checks what `ctx.progress` was given; throws `InputValidationError` naming the fix. */
+function checkProgress(info: unknown): JsonValue {
+  assertPlainJson(info, 'progress', 'info');
+  const size = Buffer.byteLength(JSON.stringify(info));
+  if (size > MAX_PROGRESS_BYTES) {
+    throw new InputValidationError('progress', [
+      {
+        path: 'info',
+        message: `is ${size} bytes of JSON, more than ${MAX_PROGRESS_BYTES}; report a small summary, e.g. { done: 3, of: 10 }`,
+      },
+    ]);
+  }
+  return info;
 }
 
 /** What every agent loop gets from the step's deps. */
 function loopDeps(
   deps: StepExecutionDeps,
-  where: { runId: string; stepId: string; attempt: number },
+  where: { runId: string; step: PlanStep; attempt: number },
+  gate: CallGate,
+  replay: ReplayedCalls | undefined,
 ): AgentLoopDeps {
   return {
+    gate,
+    ...(replay === undefined ? {} : { replay }),
     ledger: deps.ledger,
     leaseMs: deps.leaseMs,
     clientFor: deps.clientFor,
-    ...(deps.maxToolCalls === undefined
-      ? {}
-      : { beforeToolRun: () => countToolCall(deps, where.runId) }),
-    ...chunkSink(deps, where),
+    ...(countsToolCalls(deps, where.step)
+      ? { beforeRun: () => countToolCall(deps, where.runId, where.step) }
+      : {}),
+    ...chunkSink(deps, { runId: where.runId, stepId: where.step.id, attempt: where.attempt }),
     ...(deps.meter === undefined ? {} : { meter: deps.meter }),
     ...(deps.context === undefined ? {} : { context: deps.context }),
+    ...(deps.onToolCall === undefined ? {} : { onToolCall: deps.onToolCall }),
+    ...(deps.onModelCall === undefined ? {} : { onModelCall: deps.onModelCall }),
   };
 }
 
@@ -128,17 +205,22 @@ function chunkSink(
   };
 }
 
-/** What one step attempt came to: an output, a failure, or a budget stop of the whole run. */
+/**
+ * What one step execution came to: an output, a failure, a budget stop of the whole run, or a
+ * pause at a tool call that waits for a person's approval.
+ */
 export type StepResult =
-  | { kind: 'succeeded'; output: JsonValue }
+  | { kind: 'succeeded'; output: JsonValue; cacheHit?: CacheSource }
   | { kind: 'failed'; error: SerializedError }
-  | { kind: 'budget'; error: BudgetExceededError };
+  | { kind: 'budget'; error: BudgetExceededError }
+  | { kind: 'paused'; call: CallToApprove };
 
-/** What one granular turn came to: the turn to commit, a failure, or a budget stop. */
+/** What one granular turn came to: the turn to commit, a failure, a budget stop, or a pause. */
 export type TurnOutcome =
   | { kind: 'turn'; turn: TurnResult }
   | { kind: 'failed'; error: SerializedError }
-  | { kind: 'budget'; error: BudgetExceededError };
+  | { kind: 'budget'; error: BudgetExceededError }
+  | { kind: 'paused'; call: CallToApprove };
 
 /**
  * What an agent step is asked: its input (the plan's `input` for the step, else the run's), and,
@@ -167,17 +249,38 @@ function resolveAgent(deps: StepExecutionDeps, step: AgentStep): AgentDefinition
   return agent;
 }
 
-/** The failure a thrown value stands for, or the budget stop it is (the exception choke point). */
-function failureOf(thrown: unknown): Exclude<StepResult, { kind: 'succeeded' }> {
-  if (thrown instanceof BudgetExceededError) return { kind: 'budget', error: thrown };
-  return { kind: 'failed', error: toFlujoError(thrown, true).toJSON() };
+/**
+ * The failure a thrown value stands for, or the budget stop of the run it is (the exception choke
+ * point). A step's own budget is a final failure of the step, not a stop of the run. An execution
+ * that stopped at a call waiting for approval pauses, whatever it threw after that.
+ */
+function failureOf(thrown: unknown, gate: CallGate): Exclude<StepResult, { kind: 'succeeded' }> {
+  if (gate.pending !== null) return { kind: 'paused', call: gate.pending };
+  if (thrown instanceof BudgetExceededError && thrown.stepId === undefined) {
+    return { kind: 'budget', error: thrown };
+  }
+  const error = classifyFailure(thrown).toJSON();
+  // The class, stack and causes of what was thrown, which the classification does not keep. A
+  // model error's cause is the provider's answer, whose text may echo the request's credentials
+  // (a 401 names the API key it refused): its own message says what happened, without it.
+  const origin = describeThrown(thrown, { causes: !(thrown instanceof ModelError) });
+  return { kind: 'failed', error: origin === undefined ? error : { ...error, thrown: origin } };
 }
 
 /**
  * Takes turn `turn` of a granular agent step (see `takeTurn`), with the same choke point as a
  * step: whatever it throws becomes a failure with its retryability, a budget hit is returned apart.
  */
-export async function executeTurn(
+export function executeTurn(
+  deps: StepExecutionDeps,
+  args: Parameters<typeof takeOneTurn>[1],
+): Promise<TurnOutcome> {
+  const { runId, step, state, turn } = args;
+  const ids = { runId, stepId: step.id, attempt: state.attempt, turn };
+  return traceAttempt(deps.trace ?? null, ids, step.kind, () => takeOneTurn(deps, args));
+}
+
+async function takeOneTurn(
   deps: StepExecutionDeps,
   args: {
     step: AgentStep;
@@ -190,21 +293,33 @@ export async function executeTurn(
     turn: number;
     signal: AbortSignal;
     journaled?: Promise<ModelReply | null>;
+    /** In a run that replays another: the original's receipts. */
+    replay?: ReplayedCalls;
+    /** Leave the last read-only receipt for the turn's commit (see `TurnArgs`). */
+    receiptsWithCommit?: boolean;
   },
 ): Promise<TurnOutcome> {
   const { step, state, runId, tenantId, signal } = args;
+  const gate = callGate(state);
   try {
     const agent = resolveAgent(deps, step);
-    const offload = deps.offload;
+    // Before every turn: a turn is the unit a granular step runs at a time.
+    await enforceTaggedPolicies(deps.policies, step, {
+      input: step.input === undefined ? args.runInput : step.input,
+      runInput: args.runInput,
+      deps: args.depOutputs,
+      runId,
+      tenantId,
+      signal,
+    });
     const turn = await takeTurn(
       {
-        ...loopDeps(deps, { runId, stepId: step.id, attempt: state.attempt }),
+        ...loopDeps(deps, { runId, step, attempt: state.attempt }, gate, args.replay),
         journal: deps.journal,
         fingerprints: deps.fingerprints,
         readHistory: deps.readHistory,
-        ...(offload === undefined
-          ? {}
-          : { storeResult: (content: string) => offload(runId, content, step.blobThresholdBytes) }),
+        policyVersion: deps.policyVersion,
+        ...(deps.storeResult === undefined ? {} : { storeResult: deps.storeResult }),
       },
       {
         agent,
@@ -219,40 +334,57 @@ export async function executeTurn(
         fingerprint: state.agent?.fingerprint ?? null,
         ...(deps.budget === undefined ? {} : { budget: deps.budget }),
         ...(args.journaled === undefined ? {} : { journaled: args.journaled }),
+        ...(args.receiptsWithCommit === true ? { receiptsWithCommit: true } : {}),
       },
     );
     return { kind: 'turn', turn };
   } catch (thrown) {
-    return failureOf(thrown);
+    return failureOf(thrown, gate);
   }
 }
 
-const sha256 = (value: unknown): string => canonicalHash(value, 'idempotency key inputs');
-
-function pick(input: JsonValue, path: string): JsonValue | null {
-  let cur: JsonValue | undefined = input;
-  for (const seg of path.split('.')) {
-    if (cur === null || typeof cur !== 'object' || Array.isArray(cur)) return null;
-    cur = cur[seg];
-  }
-  return cur ?? null;
-}
-
-/** The idempotency key of a step: per run and step, or derived from the declared key inputs. */
+/**
+ * The idempotency key of a step: per run and step, or, with `idempotency.keyInputs`, the action key
+ * of the tenant, the operator and the values the key inputs read from the step's input.
+ */
 export function stepIdempotencyKey(
   tenantId: string,
   runId: string,
   step: PlanStep,
   input: JsonValue,
 ): string {
-  const keyInputs = step.idempotency.keyInputs;
-  if (keyInputs.length === 0) return sha256({ tenant: tenantId, run: runId, step: step.id });
-  const operator = step.kind === 'operator' ? step.operator : step.kind;
-  return sha256({
-    tenant: tenantId,
-    operator,
-    inputs: Object.fromEntries(keyInputs.map((p) => [p, pick(input, p)])),
-  });
+  if (step.idempotency.keyInputs.length === 0) {
+    return canonicalHash({ tenant: tenantId, run: runId, step: step.id }, 'idempotency key inputs');
+  }
+  return actionKeyOf(tenantId, step, input);
+}
+
+/**
+ * The policies bound to the step's tags, decided as before an execution: null when they allow it,
+ * else the failure (or budget stop) the attempt ends with. A cache hit passes them first.
+ */
+export async function checkTaggedPolicies(
+  deps: StepExecutionDeps,
+  args: Omit<Parameters<typeof executeStep>[1], 'state'>,
+): Promise<Exclude<StepResult, { kind: 'succeeded' | 'paused' }> | null> {
+  const { step, runId, tenantId, runInput, depOutputs, signal } = args;
+  const input = step.input === undefined ? runInput : step.input;
+  try {
+    await enforceTaggedPolicies(deps.policies, step, {
+      input,
+      runInput,
+      deps: depOutputs,
+      runId,
+      tenantId,
+      signal,
+    });
+    return null;
+  } catch (thrown) {
+    if (thrown instanceof BudgetExceededError && thrown.stepId === undefined) {
+      return { kind: 'budget', error: thrown };
+    }
+    return { kind: 'failed', error: classifyFailure(thrown).toJSON() };
+  }
 }
 
 /**
@@ -260,7 +392,16 @@ export function stepIdempotencyKey(
  * failure with its retryability (a runtime error says; anything else counts as transient unless it
  * carries `retryable: false`); a budget hit is returned apart, since it stops the whole run.
  */
-export async function executeStep(
+export function executeStep(
+  deps: StepExecutionDeps,
+  args: Parameters<typeof runOneStep>[1],
+): Promise<StepResult> {
+  const { runId, step, state } = args;
+  const ids = { runId, stepId: step.id, attempt: state.attempt };
+  return traceAttempt(deps.trace ?? null, ids, step.kind, () => runOneStep(deps, args));
+}
+
+async function runOneStep(
   deps: StepExecutionDeps,
   args: {
     step: PlanStep;
@@ -270,12 +411,95 @@ export async function executeStep(
     runInput: JsonValue;
     depOutputs: Record<string, JsonValue>;
     signal: AbortSignal;
+    /** In a run that replays another: the original's receipts. */
+    replay?: ReplayedCalls;
   },
 ): Promise<StepResult> {
-  const { step, state, runId, tenantId, runInput, depOutputs, signal } = args;
+  const { state } = args;
+  const fallback = state.fallback?.active === true ? fallbackStep(args.step) : null;
+  if (fallback === null) return executeOnce(deps, args);
+  const primaryError = state.fallback?.primaryError ?? null;
+  const result = await executeOnce(deps, { ...args, step: fallback }, primaryError);
+  if (result.kind !== 'failed' || primaryError === null) return result;
+  // Both failed: the step's error names both.
+  const error = new FallbackFailedError(args.step.id, primaryError, result.error);
+  return { kind: 'failed', error: error.toJSON() };
+}
+
+const AGENT_LOOP_KEYS = [
+  'maxTurns',
+  'historyMaxTokens',
+  'blobThresholdBytes',
+  'enforceIdempotency',
+  'degradedReplay',
+] as const;
+
+/**
+ * The step as its fallback runs it: the same step (id, input, dependencies, effects, budgets,
+ * timeout) with the fallback's operator or agent in place of the primary, uncached. A fallback
+ * agent runs atomically, with the step's loop settings when the step is an agent step, else the
+ * defaults. Null for a step without a fallback. Its tool calls share the step's ledger: a call
+ * the primary recorded with the same tool and arguments returns the recorded outcome.
+ */
+export function fallbackStep(step: PlanStep): PlanStep | null {
+  if ((step.kind !== 'operator' && step.kind !== 'agent') || step.fallback === undefined) {
+    return null;
+  }
+  const fallback = step.fallback;
+  const common = {
+    id: step.id,
+    ...(step.description === undefined ? {} : { description: step.description }),
+    ...(step.input === undefined ? {} : { input: step.input }),
+    dependsOn: step.dependsOn,
+    effects: step.effects,
+    policyTags: step.policyTags,
+    riskLevel: step.riskLevel,
+    cachePolicy: { class: 'none' as const },
+    idempotency: step.idempotency,
+    ...(step.gate === undefined ? {} : { gate: step.gate }),
+    retry: step.retry,
+    ...(step.budgets === undefined ? {} : { budgets: step.budgets }),
+    ...(step.timeoutMs === undefined ? {} : { timeoutMs: step.timeoutMs }),
+  };
+  if ('operator' in fallback) return { ...common, kind: 'operator', operator: fallback.operator };
+  const defaults = agentStepSchema.parse({ kind: 'agent', id: step.id, agent: fallback.agent });
+  const source = step.kind === 'agent' ? step : defaults;
+  const loop = Object.fromEntries(AGENT_LOOP_KEYS.map((k) => [k, source[k]])) as Pick<
+    AgentStep,
+    (typeof AGENT_LOOP_KEYS)[number]
+  >;
+  // The turn's idempotency key exists only in granular mode.
+  return {
+    ...common,
+    ...loop,
+    enforceIdempotency: false,
+    kind: 'agent',
+    agent: fallback.agent,
+    mode: 'atomic',
+  };
+}
+
+/** The feedback an agent that runs as a fallback is given after the step's input. */
+export function fallbackFeedback(error: SerializedError): string {
+  return `The primary attempt of this step failed with this error: ${error.message}\nProduce the step's result another way.`;
+}
+
+/** {@link executeStep} of the step as given (the primary, or its fallback). */
+async function executeOnce(
+  deps: StepExecutionDeps,
+  args: Parameters<typeof executeStep>[1],
+  primaryError: SerializedError | null = null,
+): Promise<StepResult> {
+  const { step, state, runId, tenantId, runInput, depOutputs, signal, replay } = args;
   const input = step.input === undefined ? runInput : step.input;
+  const gate = callGate(state);
+  const policyArgs = { input, runInput, deps: depOutputs, runId, tenantId, signal };
   try {
+    // Policies bound to the step's tags decide before anything of the step runs.
+    await enforceTaggedPolicies(deps.policies, step, policyArgs);
     const output = await run();
+    // The operator caught the pause and went on: it still waits for the call's approval.
+    if (gate.pending !== null) return { kind: 'paused', call: gate.pending };
     const problems = findNonJson(output, 'output');
     if (problems.length > 0) {
       const what = problems.map((p) => `${p.path}: ${p.message}`).join('; ');
@@ -285,7 +509,7 @@ export async function executeStep(
     }
     return { kind: 'succeeded', output: (output ?? null) as JsonValue };
   } catch (thrown) {
-    return failureOf(thrown);
+    return failureOf(thrown, gate);
   }
 
   async function run(): Promise<unknown> {
@@ -299,8 +523,18 @@ export async function executeStep(
           // Granular steps run one turn per job (see the worker's turn jobs), never here.
           throw new InvariantError(`granular step "${step.id}" was given to a step job`);
         }
+        const { attempt } = state;
+        // An attempt that paused before replays the model replies its paused execution got.
+        const replayed =
+          state.pauses > 0 ? await deps.journal.attemptReplies(runId, step.id, attempt) : [];
         return await runAtomicAgent(
-          loopDeps(deps, { runId, stepId: step.id, attempt: state.attempt }),
+          {
+            ...loopDeps(deps, { runId, step, attempt }, gate, replay),
+            pauseJournal: {
+              replayed,
+              save: (replies) => deps.journal.recordAttempt(runId, step.id, attempt, replies),
+            },
+          },
           {
             agent,
             step,
@@ -310,11 +544,17 @@ export async function executeStep(
             attempt: state.attempt,
             signal,
             ...(deps.budget === undefined ? {} : { budget: deps.budget }),
+            ...(primaryError === null ? {} : { feedback: fallbackFeedback(primaryError) }),
           },
         );
       }
+      case 'policy_check': {
+        const policy = resolvePolicy(deps.policies, step.policy, step.id);
+        await enforcePolicy(policy, step, policyArgs);
+        return { policy: policy.name, allow: true };
+      }
       default: {
-        const name = step.kind === 'operator' ? step.operator : step.policy;
+        const name = step.operator;
         const op = deps.operators.get(name);
         if (op === undefined) {
           const known = [...deps.operators.keys()].join(', ') || '(none)';
@@ -336,46 +576,130 @@ export async function executeStep(
             return (key ??= stepIdempotencyKey(tenantId, runId, step, input));
           },
           signal,
-          tools: stepTools(deps, {
-            runId,
-            stepId: step.id,
-            tenantId,
-            attempt: state.attempt,
-            signal,
-          }),
+          need: (dependency, path) => needed(step, depOutputs, dependency, path),
+          ...(primaryError === null ? {} : { fallbackOf: { error: primaryError } }),
+          progress: (info) => {
+            const checked = checkProgress(info);
+            deps.onProgress?.({ runId, stepId: step.id, attempt: state.attempt }, checked);
+          },
+          tools: stepTools(
+            deps,
+            step,
+            {
+              runId,
+              stepId: step.id,
+              tenantId,
+              attempt: state.attempt,
+              signal,
+              effects: step.effects,
+            },
+            gate,
+            step.idempotency.keyInputs.length === 0
+              ? undefined
+              : stepIdempotencyKey(tenantId, runId, step, input),
+            replay,
+          ),
         });
       }
     }
   }
 }
 
+/** What `ctx.need(dependency, path)` returns or throws for `step`. */
+function needed(
+  step: PlanStep,
+  depOutputs: Readonly<Record<string, JsonValue>>,
+  dependency: string,
+  path: string | undefined,
+): JsonValue {
+  if (!step.dependsOn.includes(dependency)) {
+    throw new ConfigurationError(
+      `step "${step.id}" asked for the output of "${dependency}", which it does not depend on; add "${dependency}" to its dependsOn`,
+      { field: 'dependsOn' },
+    );
+  }
+  const output = depOutputs[dependency];
+  const value = output === undefined || path === undefined ? output : keyInputValue(output, path);
+  if (value === undefined || value === null) {
+    throw new MissingContextError(
+      dependency,
+      path === undefined ? 'its output' : `output.${path}`,
+      {
+        stepId: step.id,
+      },
+    );
+  }
+  return value;
+}
+
+/**
+ * The tools of one attempt. With an action key (a step with key inputs), calls are recorded in the
+ * action's ledger under the key, the tool's name and the call's place among that tool's calls in the
+ * attempt, so any run of the tenant with the same key gets the same receipts.
+ */
 function stepTools(
   deps: StepExecutionDeps,
-  ctx: { runId: string; stepId: string; tenantId: string; attempt: number; signal: AbortSignal },
+  step: PlanStep,
+  ctx: CallToolContext,
+  gate: CallGate,
+  actionKey?: string,
+  replay?: ReplayedCalls,
 ): StepTools {
+  const calls = new Map<string, number>();
   return {
     async call<T>(name: string, args: unknown): Promise<T> {
       const tool = deps.tools.get(name);
+      let action: { callId: string; ctx: CallToolContext } | undefined;
+      if (actionKey !== undefined) {
+        // Numbered when asked, so parallel calls are numbered in the order they were made.
+        const n = calls.get(tool.name) ?? 0;
+        calls.set(tool.name, n + 1);
+        action = {
+          callId: actionCallId(actionKey, tool.name, n),
+          ctx: { ...ctx, ledgerScope: actionLedgerScope(actionKey) },
+        };
+      }
       const result = await callTool({
         ledger: deps.ledger,
         tool,
         args,
-        ctx,
+        ctx: action?.ctx ?? ctx,
+        ...(action === undefined ? {} : { callId: action.callId }),
         leaseMs: deps.leaseMs,
+        ...(deps.onToolCall === undefined ? {} : { observe: deps.onToolCall }),
+        // A risky tool's call runs only once a person approved it (else the step pauses here).
+        approve: (call) => gate.check(call),
         // Only calls that will really run count; a replayed receipt is free.
-        ...(deps.maxToolCalls === undefined
-          ? {}
-          : { beforeRun: () => countToolCall(deps, ctx.runId) }),
+        ...(countsToolCalls(deps, step)
+          ? { beforeRun: () => countToolCall(deps, ctx.runId, step) }
+          : {}),
+        ...(replay === undefined ? {} : { replay }),
       });
       return result.receipt as T;
     },
   };
 }
 
-/** Counts a tool call that will really run against the run's budget. */
-async function countToolCall(deps: StepExecutionDeps, runId: string): Promise<void> {
-  const used = await deps.countToolCall(runId);
-  if (deps.maxToolCalls !== undefined && used > deps.maxToolCalls) {
-    throw new BudgetExceededError('maxToolCalls', deps.maxToolCalls, used);
+/** Whether tool calls of `step` are counted: the run or the step has a `maxToolCalls`. */
+function countsToolCalls(deps: StepExecutionDeps, step: PlanStep): boolean {
+  return deps.maxToolCalls !== undefined || step.budgets?.maxToolCalls !== undefined;
+}
+
+/**
+ * Counts a tool call that will really run against the run's and the step's `maxToolCalls`; throws
+ * `BudgetExceededError` (naming the step for the step's budget) before the call runs.
+ */
+async function countToolCall(
+  deps: StepExecutionDeps,
+  runId: string,
+  step: PlanStep,
+): Promise<void> {
+  const used = await deps.countToolCall(runId, step.id);
+  if (deps.maxToolCalls !== undefined && used.run > deps.maxToolCalls) {
+    throw new BudgetExceededError('maxToolCalls', deps.maxToolCalls, used.run);
+  }
+  const stepMax = step.budgets?.maxToolCalls;
+  if (stepMax !== undefined && used.step > stepMax) {
+    throw new BudgetExceededError('maxToolCalls', stepMax, used.step, { stepId: step.id });
   }
 }

@@ -1,5 +1,5 @@
 /**
- * What an agent's model is sent (DESIGN §7): the conversation, truncated middle-out to the step's
+ * What an agent's model is sent: the conversation, truncated middle-out to the step's
  * `historyMaxTokens` (the system prompt included), with the tool results that were offloaded to
  * blobs put back. The stored history is never changed: this only shapes one request.
  *

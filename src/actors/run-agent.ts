@@ -16,8 +16,8 @@ import {
 } from '../llm/messages.js';
 import type { AgentStep } from '../plan/schema.js';
 import type { FingerprintStore } from '../persistence/fingerprint-store.js';
-import type { LedgerEntry } from '../persistence/ledger.js';
-import type { ModelJournal } from '../persistence/model-journal.js';
+import type { LedgerEntry, LedgerRecordOp } from '../persistence/ledger.js';
+import type { ModelJournal, RecordedReply } from '../persistence/model-journal.js';
 import { MaxTurnsExceededError } from '../errors.js';
 import {
   readOnlyEntries,
@@ -25,8 +25,11 @@ import {
   type ToolRunContext,
   type ToolRunDeps,
 } from './agent-tools.js';
+import type { ModelPrice } from '../llm/pricing.js';
+import { ApprovalPending } from './call-approval.js';
+import { traceModelCall, traceTurn } from '../observability/spans.js';
 import type { ModelContext } from './model-context.js';
-import type { RunUsageBudget, UsageMeter } from './usage-meter.js';
+import type { ModelCallObservation, RunUsageBudget, UsageMeter } from './usage-meter.js';
 
 /** What an agent step returns: the final answer and what it took. */
 export interface AgentResult {
@@ -42,10 +45,21 @@ export interface AgentLoopDeps extends ToolRunDeps {
   clientFor: (agent: AgentDefinition) => ModelClient;
   /** Receives reply text of turn `turn` as it streams in (agents that stream). */
   onChunk?: (delta: string, turn: number) => void;
+  /** Told how each metered model call went. @defaultValue nobody */
+  onModelCall?: (call: ModelCallObservation) => void;
   /** Reserves and reconciles the usage of each model call. @defaultValue calls are not metered */
   meter?: UsageMeter;
   /** Shapes what the model is sent (truncation, blobs). @defaultValue the conversation as is */
   context?: ModelContext;
+  /**
+   * An atomic step's replies across a pause for a tool call's approval: `replayed` are the
+   * replies the paused execution got (used in place of asking the model again, so the execution
+   * that resumes reaches the same call); `save` records this execution's replies when it pauses.
+   */
+  pauseJournal?: {
+    replayed: readonly ModelReply[];
+    save(replies: readonly ModelReply[]): Promise<void>;
+  };
 }
 
 /** Asks the model for the reply of `turn`, metered and shaped when the deps say so. */
@@ -54,6 +68,7 @@ async function askModel(
   args: AgentStepArgs,
   turn: number,
   conversation: readonly ChatMessage[],
+  alongside?: (reply: ModelReply) => void,
 ): Promise<ModelReply> {
   const { agent, step, runId, tenantId, signal } = args;
   const messages =
@@ -62,15 +77,28 @@ async function askModel(
       : await deps.context.prepare({ agent, step, runId, messages: conversation });
   const onChunk = deps.onChunk;
   const complete = (onSend?: () => Promise<void>) =>
-    deps.clientFor(agent).complete({
-      messages,
-      signal,
-      ...(onChunk === undefined ? {} : { onChunk: (d: string) => onChunk(d, turn) }),
-      ...(onSend === undefined ? {} : { onSend }),
-    });
+    traceModelCall({ model: agent.model, agent: agent.name }, () =>
+      deps.clientFor(agent).complete({
+        messages,
+        signal,
+        ...(onChunk === undefined ? {} : { onChunk: (d: string) => onChunk(d, turn) }),
+        ...(onSend === undefined ? {} : { onSend }),
+      }),
+    );
   if (deps.meter === undefined) return complete();
   return deps.meter.call(
-    { agent, tenantId, runId, stepId: step.id, turn, messages, budget: args.budget },
+    {
+      agent,
+      tenantId,
+      runId,
+      stepId: step.id,
+      turn,
+      messages,
+      budget: args.budget,
+      stepBudget: step.budgets,
+      ...(deps.onModelCall === undefined ? {} : { observe: deps.onModelCall }),
+      ...(alongside === undefined ? {} : { alongside }),
+    },
     complete,
   );
 }
@@ -104,6 +132,8 @@ export interface AgentStepArgs {
   signal: AbortSignal;
   /** The run's usage budget (`maxTokens`, `maxCostUsd`). */
   budget?: RunUsageBudget;
+  /** A user message sent after the input (a fallback agent is told the primary's error). */
+  feedback?: string;
 }
 
 /**
@@ -120,51 +150,89 @@ export async function runAtomicAgent(
 ): Promise<AgentResult> {
   const { step } = args;
   const messages: ChatMessage[] = [userMessage(args.input)];
+  if (args.feedback !== undefined) messages.push({ role: 'user', content: args.feedback });
   const usage = { promptTokens: 0, completionTokens: 0 };
+  const replies: ModelReply[] = [];
+  const replayed = deps.pauseJournal?.replayed ?? [];
   let toolCalls = 0;
   for (let turn = 0; turn < step.maxTurns; turn++) {
-    const reply = await askModel(deps, args, turn, messages);
-    add(usage, reply.usage);
-    messages.push(reply.message);
-    const calls = toolCallsOf(reply.message);
-    if (calls.length === 0) {
-      return { answer: reply.message.content, turns: turn + 1, toolCalls, usage };
-    }
-    const results = await runToolCalls(deps, toolContext(args, turn, 'atomic'), calls);
-    toolCalls += calls.length;
-    messages.push(...results);
+    const answer = await traceTurn(turn, async () => {
+      const reply = replayed[turn] ?? (await askModel(deps, args, turn, messages));
+      replies.push(reply);
+      add(usage, reply.usage);
+      messages.push(reply.message);
+      const calls = toolCallsOf(reply.message);
+      if (calls.length === 0) return { answer: reply.message.content };
+      let results: ChatMessage[];
+      try {
+        results = await runToolCalls(deps, toolContext(args, turn, 'atomic'), calls);
+      } catch (thrown) {
+        // Paused for a person: the execution that resumes replays these replies to this call.
+        if (thrown instanceof ApprovalPending) await deps.pauseJournal?.save(replies);
+        throw thrown;
+      }
+      toolCalls += calls.length;
+      messages.push(...results);
+      return null;
+    });
+    if (answer !== null) return { answer: answer.answer, turns: turn + 1, toolCalls, usage };
   }
   throw new MaxTurnsExceededError(step.id, step.maxTurns);
 }
 
-/** The fingerprint a granular step's turns run under (DESIGN §5). */
+/** What shapes a granular step's turns beyond its agent and step: the runtime's settings. */
+export interface FingerprintSettings {
+  /** The price the agent's model is charged at (null: none configured). */
+  price?: ModelPrice | null;
+  /** The runtime's `policyVersion`. */
+  policyVersion?: string | undefined;
+}
+
+/** The fingerprint a granular step's turns run under. */
 export function stepFingerprint(
   agent: AgentDefinition,
   step: AgentStep,
   input: JsonValue,
+  settings: FingerprintSettings = {},
 ): AgentFingerprint {
+  const price = settings.price ?? null;
+  const policyVersion = settings.policyVersion;
   let known = fingerprints.get(step);
-  const hit = known?.find((k) => k.agent === agent && k.input === input);
+  const hit = known?.find(
+    (k) =>
+      k.agent === agent &&
+      k.input === input &&
+      k.price === price &&
+      k.policyVersion === policyVersion,
+  );
   if (hit !== undefined) return hit.fp;
-  const fp = computeFingerprint(agent, step, input);
+  const fp = computeFingerprint(agent, step, input, price, policyVersion);
   if (known === undefined) fingerprints.set(step, (known = []));
   // A handful per step at most (runs of one plan share its parsed steps); keep the newest.
   if (known.length >= 64) known.shift();
-  known.push({ agent, input, fp });
+  known.push({ agent, input, price, policyVersion, fp });
   return fp;
 }
 
-// The fingerprint of a step is asked for on every turn; within a process an agent definition is
-// frozen, and a run's step and input are the same objects from turn to turn.
+// The fingerprint of a step is asked for on every turn; within a process an agent definition and
+// a price are frozen, and a run's step and input are the same objects from turn to turn.
 const fingerprints = new WeakMap<
   AgentStep,
-  { agent: AgentDefinition; input: JsonValue; fp: AgentFingerprint }[]
+  {
+    agent: AgentDefinition;
+    input: JsonValue;
+    price: ModelPrice | null;
+    policyVersion: string | undefined;
+    fp: AgentFingerprint;
+  }[]
 >();
 
 function computeFingerprint(
   agent: AgentDefinition,
   step: AgentStep,
   input: JsonValue,
+  price: ModelPrice | null,
+  policyVersion: string | undefined,
 ): AgentFingerprint {
   return agentFingerprint({
     input,
@@ -173,6 +241,12 @@ function computeFingerprint(
     provider: agent.provider,
     tools: agent.tools,
     settings: agent.settings,
+    // The price the agent's calls are charged at: a change would charge a run's turns unevenly.
+    pricingPlan:
+      price === null
+        ? null
+        : { inputPerMillion: price.inputPerMillion, outputPerMillion: price.outputPerMillion },
+    ...(policyVersion === undefined ? {} : { policyVersion }),
     toggles: {
       enforceIdempotency: step.enforceIdempotency,
       blobThresholdBytes: step.blobThresholdBytes,
@@ -188,6 +262,8 @@ export interface TurnDeps extends AgentLoopDeps {
   fingerprints: FingerprintStore;
   /** The step's committed history, messages `[0, cursor)`. */
   readHistory: (runId: string, stepId: string, cursor: number) => Promise<ChatMessage[]>;
+  /** The runtime's `policyVersion`, part of the fingerprint. */
+  policyVersion?: string | undefined;
 }
 
 /** Where a granular turn runs: the step, and what its committed turns left behind. */
@@ -200,6 +276,11 @@ export interface TurnArgs extends AgentStepArgs {
   fingerprint: string | null;
   /** The turn's journaled reply, when the caller already asked for it. @defaultValue read here */
   journaled?: Promise<ModelReply | null>;
+  /**
+   * The receipt of the turn's last tool call, when it is a read-only call that ran, is left for
+   * the caller's commit to write (see {@link TurnResult.receipts}). @defaultValue written here
+   */
+  receiptsWithCommit?: boolean;
 }
 
 /** What a granular turn came to; the caller commits it. */
@@ -210,10 +291,12 @@ export interface TurnResult {
   fingerprint: string;
   /** The step's result when the reply was a final answer; null when the loop goes on. */
   final: AgentResult | null;
+  /** Ledger receipts the turn's commit must write (with `receiptsWithCommit`); else empty. */
+  receipts: LedgerRecordOp[];
 }
 
 /**
- * One turn of a granular agent step (DESIGN §3 steps 3, 5 and 6): checks the fingerprint (a
+ * One turn of a granular agent step: checks the fingerprint (a
  * mismatch is an irrecoverable `ResumeError` and nothing runs), takes the model's reply from the
  * journal or asks the model and journals the reply before any tool runs, then runs the reply's
  * tool calls through the ledger keyed by `sha256(runId:stepId:turn:toolCallId)`. Nothing here
@@ -221,7 +304,10 @@ export interface TurnResult {
  */
 export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResult> {
   const { agent, step, runId, tenantId, turn, cursor } = args;
-  const current = stepFingerprint(agent, step, args.input);
+  const current = stepFingerprint(agent, step, args.input, {
+    price: deps.meter?.priceOf(agent.model) ?? null,
+    policyVersion: deps.policyVersion,
+  });
   if (args.fingerprint !== null && args.fingerprint !== current.hash) {
     const stored = await deps.fingerprints.get(runId, step.id);
     const changed = stored === null ? null : compareFingerprints(stored, current);
@@ -239,16 +325,27 @@ export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResu
   let reply = await (args.journaled ?? deps.journal.get(runId, step.id, turn));
   let known: ReadonlyMap<string, Promise<LedgerEntry | null>> | undefined;
   if (reply === null) {
-    const fresh = await askModel(deps, args, turn, [...history, ...added]);
-    debugPoint(DebugPoint.afterModelReply, `${step.id}:${turn}`);
-    // The first reply recorded for the turn wins: a worker racing this one uses the same reply.
-    const recording = deps.journal.record(runId, step.id, turn, fresh);
-    // Sent with the journal write: what the ledger holds for the reply's read-only calls.
-    const where = { agent, runId, stepId: step.id, tenantId, turn };
-    const entries = readOnlyEntries(deps.ledger, where, toolCallsOf(fresh.message));
-    const recorded = await recording;
+    const sent: {
+      recording?: Promise<RecordedReply>;
+      entries?: Map<string, Promise<LedgerEntry | null>>;
+    } = {};
+    const journal = (fresh: ModelReply): Promise<RecordedReply> => {
+      debugPoint(DebugPoint.afterModelReply, `${step.id}:${turn}`);
+      // The first reply recorded for the turn wins: a worker racing this one uses the same reply.
+      const recording = deps.journal.record(runId, step.id, turn, fresh);
+      recording.catch(() => {}); // met below
+      // Sent with the journal write: what the ledger holds for the reply's read-only calls.
+      const where = { agent, runId, stepId: step.id, tenantId, turn };
+      sent.entries = readOnlyEntries(deps.ledger, where, toolCallsOf(fresh.message));
+      return (sent.recording = recording);
+    };
+    // A metered call journals its reply beside its reconcile, in the same round trip.
+    const fresh = await askModel(deps, args, turn, [...history, ...added], (r) => {
+      void journal(r); // met below, through `sent`
+    });
+    const recorded = await (sent.recording ?? journal(fresh));
     reply = recorded.reply;
-    if (recorded.recorded) known = entries;
+    if (recorded.recorded) known = sent.entries;
     debugPoint(DebugPoint.afterJournal, `${step.id}:${turn}`);
   } else if (deps.meter !== undefined) {
     // The reply of a worker that stopped after journaling it: settle what that worker left open.
@@ -265,6 +362,7 @@ export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResu
     return {
       messages: added,
       fingerprint: current.hash,
+      receipts: [],
       final: {
         answer: reply.message.content,
         turns: turn + 1,
@@ -273,10 +371,13 @@ export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResu
       },
     };
   }
-  const results = await runToolCalls(deps, toolContext(args, turn, 'granular'), calls, known);
+  const receipts: LedgerRecordOp[] = [];
+  const context = toolContext(args, turn, 'granular');
+  const deferred = args.receiptsWithCommit === true ? receipts : undefined;
+  const results = await runToolCalls(deps, context, calls, known, deferred);
   debugPoint(DebugPoint.afterTools, `${step.id}:${turn}`);
   added.push(...results);
-  return { messages: added, fingerprint: current.hash, final: null };
+  return { messages: added, fingerprint: current.hash, final: null, receipts };
 }
 
 /** Where the tool calls of turn `turn` of the step run. */
@@ -296,7 +397,9 @@ function toolContext(
     turn,
     enforceIdempotency,
     mode,
+    effects: step.effects,
     signal,
+    blobThresholdBytes: step.blobThresholdBytes,
   };
 }
 

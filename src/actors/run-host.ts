@@ -1,5 +1,6 @@
 import { SnapshotConflictError } from '../errors.js';
 import type { JsonValue } from '../internal/json.js';
+import { jsonText } from '../internal/json-text.js';
 import {
   openRun,
   runStatus,
@@ -20,6 +21,9 @@ import type {
   SnapshotStore,
 } from '../persistence/snapshot-store.js';
 import type { RunEvent } from '../schemas/events.js';
+import type { CommitObserver, CommittedRun, CreatedEvent } from '../observability/inspect.js';
+
+export type { CommitObserver, CommittedRun, CreatedEvent };
 
 /** What a run's stream says when it ends: what it produced, and where and why it stopped. */
 export interface RunSummary {
@@ -73,6 +77,50 @@ export function summarize(snapshot: RunSnapshot, status: RunStatus, at: number):
 const ENDED: readonly RunStatus[] = ['succeeded', 'failed', 'cancelled'];
 
 /**
+ * The largest output (bytes of JSON) an event carries itself. A larger one is stored once, in the
+ * run's outputs, and the event names it (`outputRef`; in the run summary, `producedRefs` and null);
+ * readers of the stream put it back (see the worker's `eventsOf`).
+ */
+export const EVENT_OUTPUT_INLINE_MAX = 1024;
+
+const inline = (output: JsonValue | null | undefined): boolean =>
+  output === null ||
+  output === undefined ||
+  ((typeof output !== 'string' || output.length <= EVENT_OUTPUT_INLINE_MAX) &&
+    jsonText(output).length <= EVENT_OUTPUT_INLINE_MAX);
+
+/** A fact as the stream stores it: a large step output replaced by a reference to the stored one. */
+function streamed(fact: RunEventRecord): RunEventRecord {
+  if (fact.type !== 'step.succeeded') return fact;
+  const output = fact['output'] as JsonValue | undefined;
+  if (inline(output)) return fact;
+  return { ...fact, output: null, outputRef: fact['stepId'] };
+}
+
+/**
+ * The run summary's `produced` as the stream stores it: small outputs in it, and null for each
+ * other step that succeeded (a large output, or one the snapshot was loaded without), put back by
+ * readers from the run's outputs (a step that produced nothing is then left out).
+ */
+function producedForStream(snapshot: RunSnapshot): {
+  produced: Record<string, JsonValue>;
+  producedRefs?: true;
+} {
+  const produced: Record<string, JsonValue> = {};
+  let refs = false;
+  for (const s of runSteps(snapshot)) {
+    if (s.status !== 'SUCCEEDED') continue;
+    if (s.output !== null && inline(s.output)) {
+      produced[s.stepId] = s.output;
+    } else {
+      produced[s.stepId] = null;
+      refs = true;
+    }
+  }
+  return refs ? { produced, producedRefs: true } : { produced };
+}
+
+/**
  * The events one commit appends to the run's stream: the event itself, each step change, the
  * run's status change, and a `run.finished` summary when the run ends.
  */
@@ -82,15 +130,30 @@ export function factsOf(
   t: RunTransition,
 ): RunEventRecord[] {
   const at = event.at;
-  const facts: RunEventRecord[] = [event];
+  const facts: RunEventRecord[] = [streamed(event)];
   for (const c of t.changes) facts.push({ type: 'step.changed', ...c, at });
   if (before !== t.status) {
     facts.push({ type: 'run.status', from: before, to: t.status, at });
     if (ENDED.includes(t.status)) {
-      facts.push({ type: 'run.finished', ...summarize(t.snapshot, t.status, at) });
+      facts.push({
+        type: 'run.finished',
+        ...summarize(t.snapshot, t.status, at),
+        ...producedForStream(t.snapshot),
+      });
     }
   }
   return facts;
+}
+
+/** Commit options of {@link RunHost.apply}. */
+export interface HostCommitOptions extends CommitOptions {
+  /**
+   * What the execution did, recorded in the same commit (tool calls, model calls, the worker
+   * that ran it): after the facts of the leading `step.started` events and before the rest, so a
+   * reader meets them between an attempt's start and its result. Never fed to the machine.
+   * @defaultValue none
+   */
+  records?: readonly RunEventRecord[];
 }
 
 /** The result of feeding one event to a stored run. */
@@ -166,6 +229,19 @@ export interface RunHost {
     meta: Readonly<Record<string, string>>,
   ): Promise<AppliedEvent>;
   /**
+   * Creates a run from a snapshot built elsewhere (a replay's, with the steps it reuses), its
+   * first facts and `meta`; observers are told of it as of a run created from its plan.
+   */
+  createFrom(
+    runId: string,
+    start: {
+      snapshot: RunSnapshot;
+      facts: readonly RunEventRecord[];
+      created: CreatedEvent;
+      meta: Readonly<Record<string, string>>;
+    },
+  ): Promise<SnapshotEnvelope<RunSnapshot>>;
+  /**
    * Feeds `event` to the run, or several events in order, committed together (all or nothing).
    * On a lost race, reloads and decides again (events are facts, so deciding again is safe); an
    * event the new state no longer accepts is dropped, and with it the whole batch. `options`
@@ -176,13 +252,19 @@ export interface RunHost {
     runId: string,
     event: RunEvent | readonly RunEvent[],
     loaded?: SnapshotEnvelope<RunSnapshot>,
-    options?: CommitOptions | ((transition: RunTransition) => CommitOptions),
+    options?: HostCommitOptions | ((transition: RunTransition) => HostCommitOptions),
   ): Promise<AppliedEvent>;
   /**
    * The run's envelope: from the run held open in memory when its version is still the stored one
-   * (a one-field read), else loaded whole.
+   * (a one-field read), else loaded, without the step outputs (the worker reads a dependency's
+   * output when a step needs it).
    */
   load(runId: string): Promise<SnapshotEnvelope<RunSnapshot>>;
+  /**
+   * Calls `observer` after each commit of this host, in commit order (a run's creation too).
+   * It must not throw (it runs in the commit's path). Returns the function that removes it.
+   */
+  observe(observer: CommitObserver): () => void;
 }
 
 /** Two transitions in a row as one: the second's snapshot and status, both plans and changes. */
@@ -196,6 +278,9 @@ function merge(a: RunTransition, b: RunTransition): RunTransition {
   };
 }
 
+// Deciding never needs what steps produced: a step's output is read when a dependent runs.
+const WITHOUT_OUTPUTS = { outputs: false } as const;
+
 /** Creates a {@link RunHost} over a snapshot store. */
 export function createRunHost({
   store,
@@ -203,7 +288,16 @@ export function createRunHost({
   openRuns = 512,
 }: RunHostOptions): RunHost {
   const open = new OpenRuns(openRuns);
+  const observers = new Set<CommitObserver>();
+  const notify = (commit: CommittedRun): void => {
+    for (const observer of observers) observer(commit);
+  };
   return {
+    observe(observer) {
+      observers.add(observer);
+      return () => observers.delete(observer);
+    },
+
     async load(runId) {
       const held = open.peek(runId);
       if (held !== undefined && (await store.version(runId)) === held.version) {
@@ -216,7 +310,7 @@ export function createRunHost({
           ...(held.carrier === undefined ? {} : { carrier: held.carrier }),
         };
       }
-      return store.load(runId);
+      return store.load(runId, WITHOUT_OUTPUTS);
     },
 
     async create(runId, plan, at, meta) {
@@ -228,12 +322,21 @@ export function createRunHost({
         factsOf(created, null, transition),
         meta,
       );
+      if (observers.size > 0) {
+        notify({ runId, before: null, fed: [{ event: created, snapshot: transition.snapshot }] });
+      }
       return { envelope, transition, committed: true };
+    },
+
+    async createFrom(runId, { snapshot, facts, created, meta }) {
+      const envelope = await store.create(runId, snapshot, facts, meta);
+      if (observers.size > 0) notify({ runId, before: null, fed: [{ event: created, snapshot }] });
+      return envelope;
     },
 
     async apply(runId, event, loaded, options) {
       const events: readonly RunEvent[] = Array.isArray(event) ? event : [event as RunEvent];
-      let envelope = loaded ?? (await store.load(runId));
+      let envelope = loaded ?? (await store.load(runId, WITHOUT_OUTPUTS));
       for (let conflicts = 0; ; conflicts++) {
         const valid = events.map((e) => validateRunEvent(envelope.snapshot, e));
         let status = runStatus(envelope.snapshot);
@@ -241,12 +344,16 @@ export function createRunHost({
         const facts: RunEventRecord[] = [];
         let t: RunTransition | undefined;
         let refused = false;
+        let recordsAt = -1;
+        const fed: CommittedRun['fed'][number][] = [];
         for (const e of valid) {
+          if (recordsAt < 0 && e.type !== 'step.started') recordsAt = facts.length;
           const step = run.send(e);
           if (!step.accepted) {
             refused = true;
             break;
           }
+          fed.push({ event: e, snapshot: step.snapshot });
           facts.push(...factsOf(e, status, step));
           status = step.status;
           t = t === undefined ? step : merge(t, step);
@@ -265,23 +372,28 @@ export function createRunHost({
           return { envelope, transition: unchanged, committed: false };
         }
         try {
-          const commitOptions = typeof options === 'function' ? options(t) : options;
+          const { records, ...commitOptions } =
+            (typeof options === 'function' ? options(t) : options) ?? {};
+          const at = recordsAt < 0 ? facts.length : recordsAt;
           const written = await store.commit(
             runId,
             envelope.version,
             t.snapshot,
-            facts,
-            commitOptions,
+            records === undefined || records.length === 0
+              ? facts
+              : [...facts.slice(0, at), ...records, ...facts.slice(at)],
+            { ...commitOptions, previous: envelope.snapshot },
           );
           // A commit that sets no carrier leaves the stored one as it was.
           const carrier = written.carrier ?? envelope.carrier;
           const next = carrier === undefined ? written : { ...written, carrier };
           open.put(runId, next.version, run, carrier);
+          if (observers.size > 0) notify({ runId, before: envelope.snapshot, fed });
           return { envelope: next, transition: t, committed: true };
         } catch (error) {
           run.close();
           if (!(error instanceof SnapshotConflictError) || conflicts >= maxConflicts) throw error;
-          envelope = await store.load(runId);
+          envelope = await store.load(runId, WITHOUT_OUTPUTS);
         }
       }
     },

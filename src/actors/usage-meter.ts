@@ -1,5 +1,5 @@
 /**
- * Usage accounting around each model call (DESIGN §6, seed 000 §6): estimate the request, reserve
+ * Usage accounting around each model call: estimate the request, reserve
  * the estimate against the run's budget and the tenant's quota, mark the reservation sent right
  * before the request goes out, and reconcile it exactly once in a single `finally`:
  * - a reply came: the provider's usage (estimated from the reply only if the provider gave none);
@@ -31,10 +31,10 @@ import {
   type Reservation,
 } from '../persistence/quota-store.js';
 
-/** Limits of one run, from its plan's budgets. */
+/** Limits of one run (or one step), from its plan's budgets. */
 export interface RunUsageBudget {
-  maxTokens?: number;
-  maxCostUsd?: number;
+  maxTokens?: number | undefined;
+  maxCostUsd?: number | undefined;
 }
 
 /** Where a model call happens. */
@@ -48,6 +48,30 @@ export interface MeteredCall {
   /** The conversation as sent, after the system prompt. */
   messages: readonly ChatMessage[];
   budget: RunUsageBudget | undefined;
+  /** The step's own `budgets.maxTokens` / `maxCostUsd`, over all its calls in the run. */
+  stepBudget?: RunUsageBudget | undefined;
+  /** Told how the call went once it is reconciled (e.g. to record it in the run's events). */
+  observe?: (call: ModelCallObservation) => void;
+  /**
+   * Given a reply once its reconcile is on the connection, before the reconcile's answer is
+   * awaited: writes started here (the reply's journal) share the reconcile's round trip, and Redis
+   * applies them after it. What it starts is not awaited here. @defaultValue nothing
+   */
+  alongside?: (reply: MeteredReply) => void;
+}
+
+/** How one metered model call went: its reservation, what it was charged, how long it took. */
+export interface ModelCallObservation {
+  reservationId: string;
+  model: string;
+  turn: number;
+  /** How the reservation was reconciled: `usage`, `baseline` (sent, no reply) or `none`. */
+  charged: 'usage' | 'baseline' | 'none';
+  inputTokens: number;
+  outputTokens: number;
+  costUsd: number;
+  /** From the request to the reply (or the failure), in ms. */
+  durationMs: number;
 }
 
 /** A reply with the id of the reservation it was charged to. */
@@ -87,6 +111,8 @@ export interface UsageMeter {
     journaled: (r: Reservation) => Promise<ModelReply | null>,
     keep?: string,
   ): Promise<void>;
+  /** The price usage of `model` is charged by, or null when the table has none. */
+  priceOf(model: string): ModelPrice | null;
 }
 
 /** Creates a {@link UsageMeter}. */
@@ -173,6 +199,7 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
 
   return {
     settle,
+    priceOf: (model) => resolvePrice(pricing, model, { strict: false }),
 
     async call(call, send) {
       const { agent, tenantId, runId, stepId, turn } = call;
@@ -193,6 +220,7 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
           ? 0
           : costMicroUsd(price, { inputTokens: estimate.inputTokens, outputTokens: 0 });
       const limits = call.budget;
+      const stepLimits = call.stepBudget;
       let reservation: Reservation;
       try {
         reservation = await quota.reserve({
@@ -208,10 +236,17 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
               ? {}
               : { maxMicroUsd: Math.floor(limits.maxCostUsd * 1_000_000) }),
           },
+          stepLimits: {
+            ...(stepLimits?.maxTokens === undefined ? {} : { maxTokens: stepLimits.maxTokens }),
+            ...(stepLimits?.maxCostUsd === undefined
+              ? {}
+              : { maxMicroUsd: Math.floor(stepLimits.maxCostUsd * 1_000_000) }),
+          },
         });
       } catch (error) {
-        if (error instanceof UsageLimitExceededError && error.info.scope === 'run') {
-          // The run's own budget: the run stops with budget_exceeded, like its other budgets.
+        if (error instanceof UsageLimitExceededError && error.info.scope !== 'tenant') {
+          // The run's own budget: the run stops with budget_exceeded, like its other budgets. The
+          // step's: the step fails with budget_exceeded.
           const { limit: budget, limitValue, used: spent, reserved, requested } = error.info;
           const limit = budget === 'maxTokens' ? limitValue : limitValue / 1_000_000;
           const used = spent + reserved + requested;
@@ -219,7 +254,7 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
             budget,
             limit,
             budget === 'maxTokens' ? used : used / 1_000_000,
-            { cause: error },
+            { cause: error, ...(error.info.scope === 'step' ? { stepId } : {}) },
           );
         }
         throw error;
@@ -232,6 +267,7 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
         );
       }
       let sent = false;
+      const sentAt = performance.now();
       // The mark goes out on the Redis connection as the request goes out on HTTP, without
       // waiting for it (a written command reaches Redis even if this process dies next); the
       // reconcile below follows it on the same connection, so Redis applies them in order.
@@ -261,7 +297,25 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
             { runId, stepId, turn, error: markError.message },
             'could not mark a usage reservation sent',
           );
-        await quota.reconcile(tenantId, reservation.id, outcome, undefined, runId);
+        const reconciled = quota.reconcile(tenantId, reservation.id, outcome, undefined, runId);
+        if (reply !== undefined && call.alongside !== undefined) {
+          reconciled.catch(() => {}); // met below
+          // A connection's writes leave within one turn of the event loop: the reconcile is on
+          // the wire before anything `alongside` sends.
+          await new Promise((resolve) => setImmediate(resolve));
+          call.alongside({ ...reply, reservationId: reservation.id });
+        }
+        await reconciled;
+        call.observe?.({
+          reservationId: reservation.id,
+          model: agent.model,
+          turn,
+          charged: outcome.kind,
+          inputTokens: outcome.kind === 'usage' ? outcome.inputTokens : 0,
+          outputTokens: outcome.kind === 'usage' ? outcome.outputTokens : 0,
+          costUsd: outcome.kind === 'usage' ? outcome.microUsd / 1_000_000 : 0,
+          durationMs: Math.round((performance.now() - sentAt) * 1000) / 1000,
+        });
       }
     },
   };

@@ -1,5 +1,5 @@
 /**
- * The fingerprint of an agent step (DESIGN §5): SHA-256 of the RFC 8785 canonical JSON of what
+ * The fingerprint of an agent step: SHA-256 of the RFC 8785 canonical JSON of what
  * shapes its turns. Stored on the first turn and recomputed on every turn; a mismatch means the
  * code or the input changed under a running step, and the step must not go on. Each field is also
  * hashed on its own, so a mismatch names what changed. The API key is never part of it.

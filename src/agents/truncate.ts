@@ -1,9 +1,9 @@
 /**
- * Middle-out truncation of a conversation to a token budget (seed 000 §8.2). Pure and
+ * Middle-out truncation of a conversation to a token budget. Pure and
  * deterministic: the same messages, budget and count function give the same result, so a resumed
  * turn sends the model what the first attempt sent.
  */
-import type { ChatMessage, SystemMessage } from '../llm/messages.js';
+import type { ChatMessage, SystemMessage } from '../schemas/messages.js';
 
 /** Recognises the content of a {@link truncationPlaceholder}; group 1 is the number omitted. */
 export const TRUNCATION_PLACEHOLDER_PATTERN =

@@ -4,15 +4,23 @@
  * connection is probed first and fails fast (connect timeout 2 s, no endless retries).
  */
 import { existsSync } from 'node:fs';
-import { join } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import { Redis } from 'ioredis';
-import { RunNotFoundError } from '../errors.js';
+import { RunNotFoundError, RunRemovedError } from '../errors.js';
+import { createRetentionStore } from '../persistence/retention.js';
 import { createKeys, isRunId, type Keys } from '../persistence/keys.js';
+import { readMetaField, runExists, writeMetaField } from '../persistence/run-lookups.js';
 import { ensureEmbeddedRedis, type DetachedRedis } from '../persistence/embedded-redis.js';
-import { createRuntime, type Runtime } from '../runtime.js';
+import {
+  DEFAULT_REDIS_TIMEOUT_MS,
+  redisClientOptions,
+  withRedisDeadline,
+} from '../persistence/redis-errors.js';
+import type { Runtime } from '../runtime.js';
 import { createCliLogger } from './log.js';
 import type { JobModule } from './job-module.js';
 import { CliError, ExitCode, badInput } from './exit-codes.js';
+import { flujoInvocation } from './render.js';
 
 /** How to reach Redis, from the command line and the environment. */
 export interface RedisChoice {
@@ -26,6 +34,10 @@ export interface RedisChoice {
 export interface Connection {
   /** The server, for messages (no credentials). */
   target: string;
+  /** The server's URL (to open more connections). */
+  url: string;
+  /** How long a Redis call may go unanswered (`--redis-timeout`), in ms. */
+  timeoutMs: number;
   prefix: string;
   keys: Keys;
   redis: Redis;
@@ -38,12 +50,41 @@ export interface Connection {
   close(): Promise<void>;
 }
 
-/** The embedded server's data directory for `cwd`. */
-export const embeddedDataDir = (cwd: string): string => join(cwd, '.flujo', 'redis');
+/**
+ * The project a command run in `cwd` belongs to: the nearest folder up that has a `.flujo`
+ * folder, else the nearest that has a package.json, else `cwd` itself. Its `.flujo` holds the
+ * embedded Redis and the jobs' data, so every subfolder of a project uses the same ones.
+ */
+export function projectRoot(cwd: string): string {
+  let withPackage: string | undefined;
+  for (let dir = resolve(cwd); ; dir = dirname(dir)) {
+    if (existsSync(join(dir, '.flujo'))) return dir;
+    if (withPackage === undefined && existsSync(join(dir, 'package.json'))) withPackage = dir;
+    if (dirname(dir) === dir) return withPackage ?? resolve(cwd);
+  }
+}
+
+/** The embedded server's data directory for a command run in `cwd` (see {@link projectRoot}). */
+export const embeddedDataDir = (cwd: string): string => join(projectRoot(cwd), '.flujo', 'redis');
 
 let currentTarget = 'Redis';
+let currentTimeoutMs = DEFAULT_REDIS_TIMEOUT_MS;
 /** The server the CLI talks to (for the message of a lost connection). */
 export const redisTarget = (): string => currentTarget;
+/** The `--redis-timeout` of the command (for the message of a lost connection). */
+export const redisTimeout = (): number => currentTimeoutMs;
+
+/** `--redis-timeout MS`: a whole number of milliseconds from 100 to 600000. @defaultValue 2000 */
+export function parseRedisTimeout(text: string | undefined): number {
+  if (text === undefined) return DEFAULT_REDIS_TIMEOUT_MS;
+  const n = Number(text);
+  if (!/^\d+$/.test(text) || n < 100 || n > 600_000) {
+    badInput(
+      `--redis-timeout "${text}" is not a whole number of milliseconds from 100 to 600000; pass e.g. --redis-timeout 5000`,
+    );
+  }
+  return n;
+}
 
 /** The key prefix: `--prefix`, else `FLUJO_PREFIX`, else `flujo`; checked before any connection. */
 export function resolvePrefix(choice: RedisChoice, env: NodeJS.ProcessEnv): string {
@@ -79,24 +120,45 @@ function redisUrl(raw: string, source: string): { url: string; target: string } 
 }
 
 /** Why a connection failed, shortly: `connect ECONNREFUSED`, `NOAUTH Authentication required.` */
-function reason(error: unknown): string {
+function reason(error: unknown, timeoutMs: number): string {
   const e = error as NodeJS.ErrnoException | undefined;
+  const message = e instanceof Error ? e.message : '';
+  if (
+    message.includes('Command timed out') ||
+    message.includes('did not answer within') ||
+    message.includes('connect ETIMEDOUT')
+  ) {
+    return `no answer within ${timeoutMs} ms (is it paused or overloaded? --redis-timeout MS waits longer)`;
+  }
+  if (message.includes('max retries per request') || message.includes('Connection is closed')) {
+    return 'the connection was lost';
+  }
   if (typeof e?.syscall === 'string' && typeof e.code === 'string') return `${e.syscall} ${e.code}`;
   return (e instanceof Error ? e.message : String(error)).split('\n')[0] ?? 'unknown error';
 }
 
 /** The one-line error for an unreachable Redis (exit 6). */
-export function unreachable(target: string, error: unknown): CliError {
+export function unreachable(
+  target: string,
+  error: unknown,
+  timeoutMs = DEFAULT_REDIS_TIMEOUT_MS,
+): CliError {
   return new CliError(
-    `cannot reach Redis at ${target}: ${reason(error)}; start Redis or pass --redis URL`,
+    `cannot reach Redis at ${target}: ${reason(error, timeoutMs)}; start Redis or pass --redis URL`,
     ExitCode.redisUnavailable,
   );
 }
 
-async function probe(url: string, target: string): Promise<void> {
+async function probe(
+  url: string,
+  target: string,
+  timeoutMs: number,
+  said = timeoutMs,
+): Promise<void> {
   const client = new Redis(url, {
     lazyConnect: true,
-    connectTimeout: 2000,
+    connectTimeout: timeoutMs,
+    commandTimeout: timeoutMs,
     maxRetriesPerRequest: 0,
     enableOfflineQueue: false,
     retryStrategy: () => null,
@@ -104,20 +166,40 @@ async function probe(url: string, target: string): Promise<void> {
   let last: unknown;
   client.on('error', (e: unknown) => (last = e));
   try {
-    await client.connect();
-    await client.ping();
+    await withRedisDeadline(async () => {
+      await client.connect();
+      await client.ping();
+    }, timeoutMs);
   } catch (error) {
-    throw unreachable(target, last ?? error);
+    throw unreachable(target, last ?? error, said);
   } finally {
     client.disconnect();
   }
+}
+
+/** The field of a run's meta hash where the CLI keeps the job module that started the run. */
+const MODULE_FIELD = 'cliModule';
+
+/** Records the job module (absolute path) that started `runId`, for printed resume commands. */
+export async function recordRunModule(conn: Connection, runId: string, file: string) {
+  await writeMetaField(conn.redis, conn.keys, runId, MODULE_FIELD, file);
+}
+
+/** The job module recorded for `runId`, or null. */
+export async function runModule(conn: Connection, runId: string): Promise<string | null> {
+  return readMetaField(conn.redis, conn.keys, runId, MODULE_FIELD);
 }
 
 /** Options of {@link connect}. */
 export interface ConnectOptions extends RedisChoice {
   cwd: string;
   env: NodeJS.ProcessEnv;
-  /** A long-running worker keeps reconnecting; other commands give up after a few seconds. */
+  /** `--redis-timeout MS`: how long any Redis call may go unanswered. @defaultValue 2000 */
+  'redis-timeout'?: string | undefined;
+  /**
+   * The command executes runs (run, resume, worker): it keeps reconnecting through an outage;
+   * other commands give up after the Redis timeout.
+   */
   long?: boolean;
   /** The command is about this existing run: never start an empty embedded server for it. */
   existingRun?: string;
@@ -126,6 +208,7 @@ export interface ConnectOptions extends RedisChoice {
 /** Connects to the CLI's Redis (starting the embedded one if needed). Throws CliError (exit 6). */
 export async function connect(options: ConnectOptions): Promise<Connection> {
   const prefix = resolvePrefix(options, options.env);
+  const timeoutMs = parseRedisTimeout(options['redis-timeout']);
   const keys = createKeys(prefix);
   const fromEnv = options.env['REDIS_URL'];
   let embedded: DetachedRedis | undefined;
@@ -138,32 +221,42 @@ export async function connect(options: ConnectOptions): Promise<Connection> {
     const dataDir = embeddedDataDir(options.cwd);
     if (options.existingRun !== undefined && !existsSync(dataDir)) {
       badInput(
-        `Run "${options.existingRun}" not found: there is no embedded Redis in ${dataDir}; run this in the directory where the run was started, or pass --redis URL`,
+        `Run "${options.existingRun}" not found: there is no embedded Redis in ${dataDir}; run this in the project where the run was started, or pass --redis URL`,
       );
     }
     embedded = await ensureEmbeddedRedis({ dataDir });
     if (embedded.started) {
       console.error(
-        `flujo: started the embedded redis-server (pid ${embedded.pid}, port ${embedded.port}, data ${dataDir}); it keeps running for the next command, stop it with \`flujo redis stop\``,
+        `flujo: started the embedded redis-server (pid ${embedded.pid}, port ${embedded.port}, data ${dataDir}); it keeps running for the next command, stop it with \`${flujoInvocation()} redis stop\``,
       );
     }
     url = embedded.url;
     target = url;
   }
   currentTarget = target;
-  await probe(url, target);
+  currentTimeoutMs = timeoutMs;
+  // By default the first answer is due within the timeout of the command's launch, so that a
+  // command ends within about that long in all, however slow Node's start-up was; a timeout
+  // given with --redis-timeout is waited in full. At least 500 ms are always given.
+  const budget =
+    options['redis-timeout'] === undefined
+      ? Math.max(500, timeoutMs - Math.round(performance.now()))
+      : timeoutMs;
+  await probe(url, target, budget, timeoutMs);
+  // Loaded once Redis answers: an unreachable Redis is reported without loading the runtime.
+  const { createRuntime } = await import('../runtime.js');
 
   const long = options.long === true;
-  const redis = new Redis(url, {
-    connectTimeout: 2000,
-    maxRetriesPerRequest: 2,
-    retryStrategy: (times: number) =>
-      long ? Math.min(times * 200, 2000) : times > 10 ? null : Math.min(times * 100, 1000),
-  });
+  const redis = new Redis(
+    url,
+    redisClientOptions(timeoutMs, { reconnect: long ? 'forever' : 'briefly' }),
+  );
   redis.on('error', () => {}); // surfaced by the command that fails
   let runtime: Runtime | undefined;
   return {
     target,
+    url,
+    timeoutMs,
     prefix,
     keys,
     redis,
@@ -172,11 +265,13 @@ export async function connect(options: ConnectOptions): Promise<Connection> {
       runtime ??= createRuntime({
         redis,
         prefix,
+        redisTimeoutMs: timeoutMs,
         logger: createCliLogger(),
         ...(job === undefined
           ? {}
           : {
               operators: job.operators,
+              policies: job.policies,
               tools: job.tools,
               agents: job.agents,
               strictPricing: job.strictPricing,
@@ -186,11 +281,23 @@ export async function connect(options: ConnectOptions): Promise<Connection> {
       return runtime;
     },
     async requireRun(runId) {
-      if ((await redis.exists(keys.snap(runId))) === 0) throw new RunNotFoundError(runId);
+      if (!(await runExists(redis, keys, runId))) {
+        const removed = await createRetentionStore({ redis, keys }).removed(runId);
+        throw removed === null
+          ? new RunNotFoundError(runId)
+          : new RunRemovedError(runId, removed.finishedAt, removed.retentionMs);
+      }
     },
     async close() {
-      await runtime?.close().catch(() => {});
-      await redis.quit().catch(() => redis.disconnect());
+      // A Redis that is gone must not hold the exit up: closing waits at most the timeout.
+      const closing = (async () => {
+        await runtime?.close().catch(() => {});
+        await redis.quit().catch(() => redis.disconnect());
+      })();
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      await Promise.race([closing, new Promise((r) => (timer = setTimeout(r, timeoutMs)))]);
+      clearTimeout(timer);
+      redis.disconnect();
     },
   };
 }

@@ -13,10 +13,28 @@ export interface Values {
   by?: string;
   comment?: string;
   reason?: string;
+  out?: string;
+  html?: boolean;
   succeeded?: string;
   retry?: boolean;
   redis?: string;
   prefix?: string;
+  mode?: string;
+  from?: string;
+  'allow-effects'?: boolean;
+  status?: string;
+  plan?: string;
+  tenant?: string;
+  since?: string;
+  until?: string;
+  limit?: string;
+  quiet?: boolean;
+  'redis-timeout'?: string;
+  'redis-outage-limit'?: string;
+  port?: string;
+  host?: string;
+  url?: string;
+  'status-every'?: string;
 }
 
 /** A command's arguments and surroundings. */
@@ -64,5 +82,9 @@ export function repeatFlags(values: Values): string[] {
   const flags: string[] = [];
   if (values.redis !== undefined) flags.push('--redis', values.redis);
   if (values.prefix !== undefined) flags.push('--prefix', values.prefix);
+  if (values['redis-timeout'] !== undefined) flags.push('--redis-timeout', values['redis-timeout']);
+  if (values['redis-outage-limit'] !== undefined) {
+    flags.push('--redis-outage-limit', values['redis-outage-limit']);
+  }
   return flags;
 }

@@ -1,6 +1,6 @@
 /**
  * Job modules: an ES module (.js, .mjs or .ts) that exports `plan` (an object, JSON text, or a
- * function returning one, possibly async), `operators`, `tools`, `agents`, a default `input` and an optional
+ * function returning one, possibly async), `operators`, `policies`, `tools`, `agents`, a default `input` and an optional
  * `setup` hook. Everything is checked here, before the CLI connects to Redis or writes anything,
  * but agents exported as a function: those are built and checked by {@link runSetup}, after `setup`
  * and still before the command writes anything.
@@ -15,11 +15,13 @@
  *   export async function setup({ dataDir }) { url = await startModel(dataDir); }
  *   export const agents = () => [defineAgent({ name: 'writer', provider: { baseURL: url! }, … })];
  */
-import { mkdirSync, statSync } from 'node:fs';
-import { dirname, join, resolve } from 'node:path';
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync, readFileSync, statSync } from 'node:fs';
+import { dirname, extname, join, relative, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import type { Operator } from '../actors/execute-step.js';
-import { PlanValidationError } from '../errors.js';
+import { definePolicy, type PolicyExport, type RegisteredPolicy } from '../actors/policies.js';
+import { InputValidationError, PlanValidationError } from '../errors.js';
 import { findNonJson, type JsonValue } from '../internal/json.js';
 import { parsePlan } from '../plan/parse-plan.js';
 import type { Plan } from '../plan/schema.js';
@@ -28,6 +30,7 @@ import type { AgentDefinition } from '../agents/define-agent.js';
 import type { Runtime } from '../runtime.js';
 import { createToolRegistry } from '../tools/registry.js';
 import { badInput } from './exit-codes.js';
+import { projectRoot } from './connect.js';
 import { loadPricingFile, parsePricing, type PricingTable } from '../llm/pricing.js';
 
 /** What `setup` receives. */
@@ -50,6 +53,8 @@ export interface JobModule {
   file: string;
   plan: Plan;
   operators: Record<string, Operator>;
+  /** Policies by name: what `policy_check` steps name and what guards tagged steps. */
+  policies: Record<string, PolicyExport>;
   tools: ToolDefinition[];
   /**
    * The module's agents. When the module exports `agents` as a function, this is empty until
@@ -97,13 +102,12 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
   try {
     loaded = (await import(pathToFileURL(file).href)) as Record<string, unknown>;
   } catch (error) {
-    badInput(
-      `cannot load job module ${name}: ${firstLine(error)}; fix the module (an ES module that exports plan, importing the package as 'flujo')`,
-    );
+    badInput(loadFailure(name, file, cwd, error));
   }
   // `export default { plan, operators }` works too.
   const mod =
     loaded['plan'] === undefined && isRecord(loaded['default']) ? loaded['default'] : loaded;
+  checkExportNames(name, mod);
 
   let source: unknown = mod['plan'];
   if (source === undefined) {
@@ -133,9 +137,9 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
     typeof mod['agents'] === 'function' ? (mod['agents'] as AgentsBuilder) : undefined;
   const agents = agentsBuilder === undefined ? checkAgents(name, mod['agents']) : [];
   if (agentsBuilder === undefined) checkAgentSteps(name, plan, agents);
+  const policies = checkPolicies(name, mod['policies'], plan);
   for (const step of plan.steps) {
-    const needed =
-      step.kind === 'operator' ? step.operator : step.kind === 'policy_check' ? step.policy : null;
+    const needed = step.kind === 'operator' ? step.operator : null;
     if (needed !== null && operators[needed] === undefined) {
       const known = Object.keys(operators).join(', ') || 'none';
       badInput(
@@ -168,6 +172,7 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
     file,
     plan,
     operators,
+    policies,
     tools,
     agents,
     agentsBuilder,
@@ -176,6 +181,143 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
     pricing,
     strictPricing: strictPricing === true,
   };
+}
+
+/** What a job module may export. */
+export const JOB_EXPORTS = [
+  'plan',
+  'operators',
+  'tools',
+  'agents',
+  'policies',
+  'input',
+  'setup',
+  'pricing',
+  'strictPricing',
+] as const;
+
+/** Edit distance of two short names (case-insensitive). */
+function distance(a: string, b: string): number {
+  const x = a.toLowerCase();
+  const y = b.toLowerCase();
+  let prev = Array.from({ length: y.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= x.length; i++) {
+    const row = [i];
+    for (let j = 1; j <= y.length; j++) {
+      row[j] = Math.min(
+        prev[j]! + 1,
+        row[j - 1]! + 1,
+        prev[j - 1]! + (x[i - 1] === y[j - 1] ? 0 : 1),
+      );
+    }
+    prev = row;
+  }
+  return prev[y.length]!;
+}
+
+/** The job export `name` looks like a misspelling of, if any. */
+export function closestExport(name: string): string | undefined {
+  if ((JOB_EXPORTS as readonly string[]).includes(name)) return undefined;
+  let best: string | undefined;
+  let bestDistance = Infinity;
+  for (const known of JOB_EXPORTS) {
+    const d = distance(name, known);
+    const limit = known.length <= 5 ? 1 : 2;
+    if (d <= limit && d < bestDistance) {
+      best = known;
+      bestDistance = d;
+    }
+  }
+  return best;
+}
+
+/**
+ * Refuses an export that looks like a misspelt job export (`tool` for `tools`), which would
+ * otherwise be ignored; other exports (helpers of the module's own) are left alone.
+ */
+function checkExportNames(name: string, mod: Record<string, unknown>): void {
+  for (const key of Object.keys(mod)) {
+    const meant = closestExport(key);
+    if (meant !== undefined && mod[meant] === undefined) {
+      badInput(
+        `job module ${name} exports "${key}", which flujo does not read; did you mean "${meant}"? Rename it: \`export const ${meant} = …\``,
+      );
+    }
+  }
+}
+
+/** The nearest package.json above `file`, with its "type", or null at the root. */
+function nearestPackage(file: string): { path: string; type: unknown } | null {
+  for (let dir = dirname(file); ; dir = dirname(dir)) {
+    const candidate = join(dir, 'package.json');
+    if (existsSync(candidate)) {
+      try {
+        const pkg = JSON.parse(readFileSync(candidate, 'utf8')) as { type?: unknown };
+        return { path: candidate, type: pkg.type };
+      } catch {
+        return { path: candidate, type: undefined };
+      }
+    }
+    if (dirname(dir) === dir) return null;
+  }
+}
+
+/** `file:line:column` of a syntax error, from its stack or from `node --check`. */
+function syntaxLocation(file: string, error: Error): string | null {
+  const located = (text: string): string | null => {
+    const lines = text.split('\n');
+    const at = /^(.*):(\d+)$/.exec(lines[0] ?? '');
+    if (at === null) return null;
+    const caret = lines.findIndex((l) => /^\s*\^+\s*$/.test(l));
+    const column = caret > 0 ? lines[caret]!.indexOf('^') + 1 : null;
+    return `${at[1]}:${at[2]}${column === null ? '' : `:${column}`}`;
+  };
+  const fromStack = located(error.stack ?? '');
+  if (fromStack !== null) return fromStack;
+  // The ES module loader does not say where; the syntax check of the same file does.
+  const check = spawnSync(process.execPath, ['--check', file], {
+    encoding: 'utf8',
+    timeout: 10_000,
+  });
+  return located(check.stderr ?? '');
+}
+
+/** Why a job module could not be loaded, in the user's terms, with the fix. */
+function loadFailure(name: string, file: string, cwd: string, error: unknown): string {
+  const message = firstLine(error);
+  const esmSyntax =
+    message.includes('Cannot use import statement outside a module') ||
+    message.includes("Unexpected token 'export'");
+  const ext = extname(file);
+  if (esmSyntax && (ext === '.js' || ext === '.ts')) {
+    const pkg = nearestPackage(file);
+    if (pkg === null || pkg.type !== 'module') {
+      const where =
+        pkg === null
+          ? 'no package.json above it says "type": "module"'
+          : `its package.json (${relative(cwd, pkg.path) || pkg.path}) ${pkg.type === undefined ? 'has no "type"' : `says "type": ${JSON.stringify(pkg.type)}`}`;
+      return `cannot load job module ${name}: it is ES module code (import/export), but ${where}, so Node loads it as CommonJS; add "type": "module" to ${pkg === null ? 'a package.json in the project' : 'that package.json'}, or rename the module to ${ext === '.ts' ? '.mts' : '.mjs'}`;
+    }
+  }
+  if (error instanceof SyntaxError) {
+    const at = syntaxLocation(file, error);
+    const shown =
+      at === null ? name : JSON.stringify(relative(cwd, at.replace(/^file:\/\//, '')) || at);
+    return `cannot load job module ${name}: syntax error at ${shown}: ${message}; fix the module`;
+  }
+  const missing = /Cannot find (?:package|module) '([^']+)'/.exec(message);
+  if (missing !== null) {
+    const pkgName = missing[1]!;
+    const hint =
+      pkgName === 'flujo'
+        ? "install it in the job module's project: npm install flujo (or the tarball or folder you got it from)"
+        : `install it in the job module's project: npm install ${pkgName.startsWith('.') || pkgName.startsWith('/') ? '(check the import path)' : pkgName}`;
+    return `cannot load job module ${name}: it imports '${pkgName}', which is not installed where the module is; ${hint}`;
+  }
+  if (message.includes('Unknown file extension') && extname(file) === '.ts') {
+    return `cannot load job module ${name}: this Node (${process.version}) cannot load .ts files; use Node 22.18 or newer (node --version), or compile the module to .js`;
+  }
+  return `cannot load job module ${name}: ${message}; fix the module (an ES module that exports plan, importing the package as 'flujo')`;
 }
 
 /** The module's `pricing`: a table, or the path of a JSON file relative to the module. */
@@ -210,6 +352,51 @@ function checkOperators(name: string, value: unknown): Record<string, Operator> 
   return value as Record<string, Operator>;
 }
 
+/**
+ * The module's `policies`: `{ name: fn }` or `{ name: { check: fn, appliesTo: { tags } } }`. Every
+ * policy a `policy_check` step names must be there, and every policy tag of a step must have a
+ * policy that applies to it.
+ */
+function checkPolicies(name: string, value: unknown, plan: Plan): Record<string, PolicyExport> {
+  const fix =
+    'export policies as { name: (ctx) => ({ allow: true }) } or { name: { check, appliesTo: { tags: ["…"] } } }';
+  if (value !== undefined && !isRecord(value)) {
+    badInput(`job module ${name}: policies must be an object; ${fix}`);
+  }
+  const exported = value ?? {};
+  const checked: RegisteredPolicy[] = [];
+  for (const [key, entry] of Object.entries(exported)) {
+    try {
+      checked.push(
+        typeof entry === 'function'
+          ? definePolicy(key, entry)
+          : definePolicy(key, (entry as { check?: unknown } | null)?.check, entry),
+      );
+    } catch (error) {
+      const issue = error instanceof InputValidationError ? error.issues[0] : undefined;
+      badInput(
+        `job module ${name}: ${issue === undefined ? firstLine(error) : `policies.${key}.${issue.path}: ${issue.message}`}; ${fix}`,
+      );
+    }
+  }
+  const known = Object.keys(exported).join(', ') || 'none';
+  for (const step of plan.steps) {
+    if (step.kind === 'policy_check' && exported[step.policy] === undefined) {
+      badInput(
+        `job module ${name}: step "${step.id}" uses policy "${step.policy}", which the module's policies do not define (it defines: ${known}); add it to \`export const policies\``,
+      );
+    }
+    for (const tag of step.policyTags) {
+      if (!checked.some((p) => p.tags.includes(tag))) {
+        badInput(
+          `job module ${name}: step "${step.id}" carries policy tag "${tag}", which none of the module's policies applies to; add one with appliesTo: { tags: ["${tag}"] } to \`export const policies\`, or remove the tag`,
+        );
+      }
+    }
+  }
+  return exported as Record<string, PolicyExport>;
+}
+
 function checkTools(name: string, value: unknown): ToolDefinition[] {
   if (value === undefined) return [];
   const fix = 'export tools as an array of defineTool({ … }) definitions';
@@ -240,7 +427,7 @@ export async function runSetup(
   cwd: string,
   runtime: Pick<Runtime, 'agent'>,
 ): Promise<Teardown> {
-  const ctx: SetupContext = { dataDir: join(cwd, '.flujo', 'data') };
+  const ctx: SetupContext = { dataDir: join(projectRoot(cwd), '.flujo', 'data') };
   let teardown: Teardown = () => {};
   if (job.setup !== undefined) {
     mkdirSync(ctx.dataDir, { recursive: true });

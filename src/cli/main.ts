@@ -3,12 +3,7 @@ import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { findCause, isFlujoError, RedisUnavailableError } from '../errors.js';
 import { isConnectionError } from '../persistence/redis-errors.js';
-import { cmdDecide, cmdCancel, cmdLedgerResolve } from './commands/steer.js';
-import { cmdEvents, cmdLedgerList, cmdStatus, cmdUsage } from './commands/read.js';
-import { cmdRedis } from './commands/redis.js';
-import { cmdResume, cmdRun, cmdWorker } from './commands/run.js';
-import { cmdValidate } from './commands/validate.js';
-import { redisTarget, unreachable } from './connect.js';
+import { redisTarget, redisTimeout, unreachable } from './connect.js';
 import type { Ctx, Values } from './context.js';
 import { CliError, ExitCode } from './exit-codes.js';
 
@@ -18,24 +13,67 @@ const HELP = `flujo: durable execution runtime for AI agents and multi-step jobs
 
 Usage:
   flujo run <job-module> [--input JSON] [--run-id ID] [--request-key K] [--concurrency N] [--json]
+           [--quiet]
       Start a run (with --request-key: find that key's run), print its id and the exact resume
       command first, then execute it with an in-process worker, one line per step state change,
-      until it ends or waits for approval; then print its summary.
-  flujo resume <runId> <job-module> [--concurrency N] [--by NAME] [--json]
+      until it ends or waits for approval; then print its summary. Operators' ctx.progress and
+      agents' streamed text show live (--quiet hides the text); due work that no worker takes
+      for 5 s is reported.
+  flujo resume <runId> <job-module> [--concurrency N] [--by NAME] [--json] [--quiet]
       Go on with a run: a failed run is resumed, a running one continued (e.g. after its command
       was killed); an ended or waiting run is only reported.
-  flujo worker <job-module> [--concurrency N]      a long-running worker; Ctrl-C stops it gracefully
+  flujo worker <job-module> [--concurrency N] [--status-every MS]
+      a long-running worker; Ctrl-C stops it gracefully. Its status (the units it runs: run,
+      step, attempt, turn, since; units done, failed and busy since it started) goes to stderr:
+      on a terminal a line whenever it changes; with --status-every MS a JSON line
+      {"type":"worker.status",...} every MS; on SIGUSR2 (kill -USR2 <pid>) a JSON line at once
   flujo status <runId> [--json]                   the run and its steps; exits with the run's code
+  flujo list [--status S] [--plan P] [--tenant T] [--since T] [--until T] [--limit N] [--json]
+      runs newest first: plan, tenant, status, start, duration, the step that waits; T is an
+      ISO time or an age like 30m, 6h, 2d (--status: running|waiting|succeeded|failed|cancelled)
   flujo events <runId> [--follow] [--json]        one line per event; --follow until the run ends
+      besides step and run changes: tool.called (executed or receipt replayed, duration),
+      model.called (tokens, cost, duration), step.ran / turn.ran (worker host and pid, duration),
+      step.takenOver / turn.takenOver (run again after its worker stopped)
   flujo approve <runId> <stepId> [--by NAME] [--comment TEXT] [--json]
   flujo reject <runId> <stepId> [--by NAME] [--comment TEXT] [--json]
+      decide on what the step waits for: its gate, or the tool call status shows; a gate with
+      approvers refuses anyone else (exit 2). --by is who claims to decide: a service that takes
+      decisions from people must check it (createRuntime({ authorizeDecision }))
+  flujo skip <runId> <stepId> --reason TEXT [--by NAME] [--json]
+      a step that has not ended becomes SKIPPED; its dependents run with its output null
   flujo cancel <runId> [--by NAME] [--reason TEXT] [--json]
+  flujo trace <runId> [--out FILE] [--html]       the run's trace as JSON (every step, attempt,
+      agent turn, model call, tool call and approval wait, with times); --html: a self-contained
+      page that draws it as a timeline (open it in a browser, offline); --out: into FILE
+  flujo inspect <runId> [--follow] [--url URL] [--json]
+      the run in the Stately inspector: its events as xstate inspection events (the run machine
+      and one child actor per step) sent to a WebSocket inspector (default ws://localhost:8080,
+      the relay of @statelyai/inspect, started with
+      node -e "import('@statelyai/inspect/server').then((m) => m.createInspectorServer())"
+      which opens https://stately.ai/inspect); --follow: then live until the run ends;
+      --json: print them as JSON lines instead
   flujo ledger <runId> [--json]                   the run's tool calls
   flujo ledger resolve <runId> <callId> --succeeded '<json>' | --retry [--by NAME]
       settle an in-doubt tool call: its effect happened (with its receipt), or call it again
   flujo usage <runId> [--json]                    model usage per step and turn: reserved, spent
       (tokens and USD) and how each reservation was reconciled; the run's totals
-  flujo validate <plan.json> [--json]             check a plan; print its steps in dependency order
+  flujo ui [--port P] [--host H]                 a local web view of the runs: the list with
+      filters, a live page per run (steps, attempts, timeline, tool calls, usage) and approve /
+      reject forms; on 127.0.0.1:7400 unless told otherwise (--port 0: any free port); runs
+      until Ctrl-C
+  flujo replay <runId> --mode reproduce|replay|regenerate [--from STEP] [--allow-effects] [--json]
+      reproduce: the run's stored outcomes, events and model replies, and a check that its events
+      lead to its stored snapshot (exit 1 if not); writes nothing. replay / regenerate: a new run
+      of the same plan and input (printed with its relation to the original) whose tool calls
+      with effects return the original's receipts; a call the original did not make waits for
+      approval unless --allow-effects; regenerate gives agent steps new keys, in a new lineage.
+      --from STEP reuses the outputs of the steps that do not depend on STEP
+  flujo validate <plan.json | job-module> [--json]
+      check a plan, or a job module (its exports, and that its steps' operators, agents and
+      policies exist); print the steps in dependency order
+  flujo init [dir]                                scaffold a project with a typed job module
+      (package.json with "type": "module" and scripts, jobs/hello.ts, tsconfig.json, README.md)
   flujo redis stop                                stop the embedded redis-server of this directory
   flujo --version | --help
 
@@ -79,6 +117,8 @@ const OPTIONS = {
   'request-key': { type: 'string' },
   concurrency: { type: 'string' },
   follow: { type: 'boolean' },
+  out: { type: 'string' },
+  html: { type: 'boolean' },
   by: { type: 'string' },
   comment: { type: 'string' },
   reason: { type: 'string' },
@@ -86,24 +126,56 @@ const OPTIONS = {
   retry: { type: 'boolean' },
   redis: { type: 'string' },
   prefix: { type: 'string' },
+  mode: { type: 'string' },
+  from: { type: 'string' },
+  'allow-effects': { type: 'boolean' },
+  status: { type: 'string' },
+  plan: { type: 'string' },
+  tenant: { type: 'string' },
+  since: { type: 'string' },
+  until: { type: 'string' },
+  limit: { type: 'string' },
+  quiet: { type: 'boolean', short: 'q' },
+  'redis-timeout': { type: 'string' },
+  'redis-outage-limit': { type: 'string' },
+  port: { type: 'string' },
+  host: { type: 'string' },
+  url: { type: 'string' },
+  'status-every': { type: 'string' },
 } as const;
 
-const CONNECTS = ['redis', 'prefix'];
+const CONNECTS = ['redis', 'prefix', 'redis-timeout'];
 const DECIDE = ['by', 'comment', 'json', ...CONNECTS];
 /** The options each command takes. */
 const ALLOWED: Record<string, readonly string[]> = {
-  run: ['input', 'run-id', 'request-key', 'concurrency', 'json', ...CONNECTS],
-  resume: ['concurrency', 'json', 'by', ...CONNECTS],
-  worker: ['concurrency', ...CONNECTS],
+  run: [
+    'input',
+    'run-id',
+    'request-key',
+    'concurrency',
+    'json',
+    'quiet',
+    'redis-outage-limit',
+    ...CONNECTS,
+  ],
+  resume: ['concurrency', 'json', 'by', 'quiet', 'redis-outage-limit', ...CONNECTS],
+  worker: ['concurrency', 'status-every', ...CONNECTS],
   status: ['json', ...CONNECTS],
+  list: ['status', 'plan', 'tenant', 'since', 'until', 'limit', 'json', ...CONNECTS],
   events: ['follow', 'json', ...CONNECTS],
+  trace: ['out', 'html', ...CONNECTS],
+  inspect: ['follow', 'url', 'json', ...CONNECTS],
   approve: DECIDE,
   reject: DECIDE,
+  skip: ['by', 'reason', 'json', ...CONNECTS],
   cancel: ['by', 'reason', 'json', ...CONNECTS],
   ledger: ['json', 'succeeded', 'retry', 'by', ...CONNECTS],
   usage: ['json', ...CONNECTS],
+  replay: ['mode', 'from', 'allow-effects', 'json', ...CONNECTS],
   validate: ['json'],
+  ui: ['port', 'host', ...CONNECTS],
   redis: [],
+  init: [],
 };
 
 function readVersion(): string {
@@ -113,32 +185,56 @@ function readVersion(): string {
   return pkg.version;
 }
 
+// Commands load what they need when they run: `--help`, a bad argument and an unreachable Redis
+// answer without loading the queue and model client libraries first.
 async function dispatch(command: string, ctx: Ctx): Promise<number> {
   switch (command) {
     case 'run':
-      return cmdRun(ctx);
+      return (await import('./commands/run.js')).cmdRun(ctx);
     case 'resume':
-      return cmdResume(ctx);
+      return (await import('./commands/run.js')).cmdResume(ctx);
     case 'worker':
-      return cmdWorker(ctx);
+      return (await import('./commands/run.js')).cmdWorker(ctx);
     case 'status':
-      return cmdStatus(ctx);
+      return (await import('./commands/read.js')).cmdStatus(ctx);
+    case 'list':
+      return (await import('./commands/list.js')).cmdList(ctx);
     case 'events':
-      return cmdEvents(ctx);
+      return (await import('./commands/read.js')).cmdEvents(ctx);
+    case 'trace':
+      return (await import('./commands/trace.js')).cmdTrace(ctx);
+    case 'inspect':
+      return (await import('./commands/inspect.js')).cmdInspect(ctx);
     case 'approve':
     case 'reject':
-      return cmdDecide(ctx, command);
+      return (await import('./commands/steer.js')).cmdDecide(ctx, command);
     case 'cancel':
-      return cmdCancel(ctx);
-    case 'ledger':
-      if (ctx.args[0] === 'resolve') return cmdLedgerResolve({ ...ctx, args: ctx.args.slice(1) });
-      return cmdLedgerList(ctx);
+      return (await import('./commands/steer.js')).cmdCancel(ctx);
+    case 'skip':
+      return (await import('./commands/steer.js')).cmdSkip(ctx);
+    case 'ledger': {
+      const read = await import('./commands/read.js');
+      const steer = await import('./commands/steer.js');
+      if (ctx.args[0] === 'resolve')
+        return steer.cmdLedgerResolve({ ...ctx, args: ctx.args.slice(1) });
+      return read.cmdLedgerList(ctx);
+    }
     case 'usage':
-      return cmdUsage(ctx);
+      return (await import('./commands/read.js')).cmdUsage(ctx);
     case 'redis':
-      return cmdRedis(ctx);
+      return (await import('./commands/redis.js')).cmdRedis(ctx);
+    case 'replay':
+      return (await import('./commands/replay.js')).cmdReplay(ctx);
+    case 'init':
+      return (await import('./commands/init.js')).cmdInit(ctx);
+    case 'ui':
+      return (await import('./commands/ui.js')).cmdUi(ctx);
     default:
-      return cmdValidate(ctx.args[0], ctx.values.json === true);
+      return (await import('./commands/validate.js')).cmdValidate(
+        ctx.args[0],
+        ctx.values.json === true,
+        ctx.cwd,
+      );
   }
 }
 
@@ -151,7 +247,7 @@ function report(command: string, error: unknown): number {
   }
   const lost = findCause(error, isConnectionError);
   if (lost !== undefined) {
-    say(unreachable(redisTarget(), lost).message);
+    say(unreachable(redisTarget(), lost, redisTimeout()).message);
     return ExitCode.redisUnavailable;
   }
   const unavailable = findCause(error, (e) => e instanceof RedisUnavailableError);
@@ -167,6 +263,8 @@ function report(command: string, error: unknown): number {
     switch (error.code) {
       case 'run_not_found':
       case 'step_not_waiting':
+      case 'step_not_skippable':
+      case 'approval_not_allowed':
       case 'run_not_resumable':
       case 'input_invalid':
       case 'plan_invalid':

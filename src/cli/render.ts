@@ -1,8 +1,15 @@
 /** How the CLI prints runs, events and ledgers: short human lines, or JSON with `--json`. */
 import type { LedgerEntry } from '../persistence/ledger.js';
 import type { StoredRunEvent } from '../persistence/snapshot-store.js';
-import type { RunReport, RunUsage } from '../runtime.js';
+import type { PendingApproval, RunReport, RunUsage } from '../runtime.js';
+import { existsSync, realpathSync } from 'node:fs';
+import { delimiter, isAbsolute, join, relative, resolve } from 'node:path';
+import type { SerializedError } from '../errors.js';
+import type { RunListEntry } from '../worker/run-list.js';
+import type { WorkerStatus } from '../worker/registry.js';
 import { ExitCode } from './exit-codes.js';
+
+type CacheSource = NonNullable<RunReport['steps'][number]['cachedFrom']>;
 
 /** The exit code a run's state stands for: 0 succeeded (or still running), 1 failed, 3 waiting, 4 budget, 5 cancelled. */
 export function exitCodeOf(report: Pick<RunReport, 'status' | 'summary'>): ExitCode {
@@ -25,9 +32,43 @@ export function shellQuote(word: string): string {
   return /^[\w@%+=:,./-]+$/.test(word) ? word : `'${word.replaceAll("'", `'\\''`)}'`;
 }
 
+let invocation: string | undefined;
+
+/**
+ * How to invoke this command in a printed command: `flujo` when the shell finds this very `flujo`
+ * on PATH, else `npx flujo` (also under npm and npx, which put the project's bin on PATH only
+ * for their own child).
+ */
+export function flujoInvocation(env: NodeJS.ProcessEnv = process.env): string {
+  if (invocation !== undefined) return invocation;
+  invocation = 'npx flujo';
+  const self = process.argv[1];
+  if (env['npm_command'] !== undefined || self === undefined) return invocation;
+  try {
+    const mine = realpathSync(self);
+    for (const dir of (env['PATH'] ?? '').split(delimiter)) {
+      const candidate = join(dir, 'flujo');
+      if (dir !== '' && existsSync(candidate) && realpathSync(candidate) === mine) {
+        invocation = 'flujo';
+        break;
+      }
+    }
+  } catch {
+    // unreadable PATH entry: keep npx
+  }
+  return invocation;
+}
+
+/** A module path as the user would type it: relative to `cwd` when inside it, else absolute. */
+export function displayPath(file: string, cwd: string = process.cwd()): string {
+  const rel = relative(cwd, resolve(cwd, file));
+  return rel !== '' && !rel.startsWith('..') && !isAbsolute(rel) ? rel : resolve(cwd, file);
+}
+
 /** `flujo resume <runId> <job-module>`, ready to paste. */
 export function resumeCommand(runId: string, modulePath: string, extra: readonly string[] = []) {
-  return ['flujo', 'resume', runId, modulePath, ...extra].map(shellQuote).join(' ');
+  const words = ['resume', runId, displayPath(modulePath), ...extra].map(shellQuote);
+  return [flujoInvocation(), ...words].join(' ');
 }
 
 const time = (at: unknown): string =>
@@ -50,7 +91,8 @@ export function progressLine(e: StoredRunEvent): string | null {
     return `  ${clock(d['at'])}  ${String(d['stepId'])}: turn ${Number(d['turn']) + 1} committed (history ${String(d['cursor'])} messages)`;
   }
   if (e.type !== 'step.changed') return null;
-  const attempt = d['to'] === 'RUNNING' ? ` (attempt ${String(d['attempt'])})` : '';
+  const attempt =
+    d['to'] === 'RUNNING' || d['to'] === 'READY' ? ` (attempt ${String(d['attempt'])})` : '';
   return `  ${clock(d['at'])}  ${String(d['stepId'])}: ${String(d['from'])} → ${String(d['to'])}${attempt}`;
 }
 
@@ -76,6 +118,14 @@ export function eventLine(e: StoredRunEvent): string {
     case 'step.succeeded':
       detail = `${s('stepId')} attempt ${s('attempt')}: ${preview(d['output'])}`;
       break;
+    case 'step.cacheHit':
+      detail = `${s('stepId')} attempt ${s('attempt')}: ${cacheText({
+        runId: s('sourceRunId'),
+        storedAt: Number(d['storedAt']),
+        cacheClass: s('cacheClass') as CacheSource['cacheClass'],
+        provenance: typeof d['provenance'] === 'string' ? d['provenance'] : null,
+      })}`;
+      break;
     case 'turn.committed':
       detail = `${s('stepId')} attempt ${s('attempt')} turn ${s('turn')}: history ${s('cursor')} messages`;
       break;
@@ -84,6 +134,23 @@ export function eventLine(e: StoredRunEvent): string {
       detail = `${s('stepId')} attempt ${s('attempt')}: ${String(err['code'])}: ${String(err['message']).split('\n')[0]}`;
       break;
     }
+    case 'step.started':
+      detail = `${s('stepId')} attempt ${s('attempt')}`;
+      break;
+    case 'tool.called':
+      detail = `${unitOf(d)}: ${s('tool')} (${s('class')}) ${d['replayed'] === true ? 'receipt replayed' : 'executed'}, ${s('outcome')}${d['error'] === undefined ? '' : ` ${s('error')}`}, ${duration(Number(d['durationMs']))}; call ${s('callId').slice(0, 12)}`;
+      break;
+    case 'model.called':
+      detail = `${unitOf(d)}: ${s('model')} ${s('inputTokens')} in + ${s('outputTokens')} out tokens, $${Number(d['costUsd']).toFixed(6)}, ${duration(Number(d['durationMs']))} (${s('charged')}; reservation ${s('reservationId')})`;
+      break;
+    case 'step.ran':
+    case 'turn.ran':
+      detail = `${unitOf(d)}: ran ${duration(Number(d['durationMs']))} on ${workerOf(d['worker'])}`;
+      break;
+    case 'step.takenOver':
+    case 'turn.takenOver':
+      detail = `${unitOf(d)}: run again by ${workerOf(d['worker'])}; ${workerOf(d['previousWorker'])} started it at ${clock(d['previousStartedAt'])} and never committed it (its worker stopped)`;
+      break;
     case 'run.finished':
       detail = `${s('status')}; produced ${Object.keys(d['produced'] ?? {}).join(', ') || 'nothing'}${
         d['blockedStep'] == null ? '' : `; blocked at ${s('blockedStep')}`
@@ -99,6 +166,147 @@ export function eventLine(e: StoredRunEvent): string {
   return `${time(d['at'])}  ${e.type.padEnd(14)} ${detail}`.trimEnd();
 }
 
+/** `step attempt N[ turn T]` of an event. */
+function unitOf(d: Record<string, unknown>): string {
+  const turn = typeof d['turn'] === 'number' ? ` turn ${d['turn']}` : '';
+  return `${String(d['stepId'])} attempt ${String(d['attempt'])}${turn}`;
+}
+
+/** `host pid N` of a recorded worker. */
+function workerOf(w: unknown): string {
+  if (typeof w !== 'object' || w === null) return 'an unknown worker';
+  const { host, pid } = w as { host?: unknown; pid?: unknown };
+  return `${String(host)} pid ${String(pid)}`;
+}
+
+/** A duration for people: `850 ms`, `12.3 s`, `4 min 05 s`, `2 h 03 min`. */
+export function duration(ms: number): string {
+  if (!Number.isFinite(ms) || ms < 0) return '-';
+  if (ms < 1000) return `${ms < 10 ? ms.toFixed(1) : Math.round(ms)} ms`;
+  if (ms < 60_000) return `${(ms / 1000).toFixed(1)} s`;
+  const s = Math.round(ms / 1000);
+  if (s < 3600) return `${Math.floor(s / 60)} min ${String(s % 60).padStart(2, '0')} s`;
+  return `${Math.floor(s / 3600)} h ${String(Math.floor((s % 3600) / 60)).padStart(2, '0')} min`;
+}
+
+/** One attempt of a step as the event stream tells it. */
+export interface AttemptTimeline {
+  stepId: string;
+  attempt: number;
+  startedAt: number | null;
+  endedAt: number | null;
+  durationMs: number | null;
+  /** `succeeded`, `failed`, `skipped`, or null while it runs. */
+  outcome: string | null;
+  /** The worker that ran it last (`host pid N`), when recorded. */
+  worker: string | null;
+  /** Times it was taken over after its worker stopped. */
+  takenOver: number;
+}
+
+/** Every attempt of every step, from a run's events, in the order they started. */
+export function attemptsOf(events: readonly StoredRunEvent[]): AttemptTimeline[] {
+  const byKey = new Map<string, AttemptTimeline>();
+  const get = (d: Record<string, unknown>): AttemptTimeline | null => {
+    if (typeof d['stepId'] !== 'string' || typeof d['attempt'] !== 'number') return null;
+    const key = `${d['stepId']}\n${d['attempt']}`;
+    let a = byKey.get(key);
+    if (a === undefined) {
+      a = {
+        stepId: d['stepId'],
+        attempt: d['attempt'],
+        startedAt: null,
+        endedAt: null,
+        durationMs: null,
+        outcome: null,
+        worker: null,
+        takenOver: 0,
+      };
+      byKey.set(key, a);
+    }
+    return a;
+  };
+  for (const e of events) {
+    const d = e.data as Record<string, unknown>;
+    const at = typeof d['at'] === 'number' ? d['at'] : null;
+    switch (e.type) {
+      case 'step.started': {
+        const a = get(d);
+        if (a !== null && a.startedAt === null) a.startedAt = at;
+        break;
+      }
+      case 'step.ran':
+      case 'turn.ran': {
+        const a = get(d);
+        if (a === null) break;
+        a.worker = workerOf(d['worker']);
+        if (a.startedAt === null && typeof d['startedAt'] === 'number')
+          a.startedAt = d['startedAt'];
+        break;
+      }
+      case 'step.takenOver':
+      case 'turn.takenOver': {
+        const a = get(d);
+        if (a !== null) a.takenOver++;
+        break;
+      }
+      case 'step.succeeded':
+      case 'step.failed':
+      case 'step.skipped': {
+        const a = get(d);
+        if (a === null) break;
+        a.endedAt = at;
+        a.outcome = e.type.slice('step.'.length);
+        if (a.startedAt !== null && at !== null) a.durationMs = at - a.startedAt;
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  return [...byKey.values()].filter((a) => a.startedAt !== null || a.endedAt !== null);
+}
+
+/** `flujo list`: one row per run. */
+export function listLines(runs: readonly RunListEntry[], now: number): string[] {
+  if (runs.length === 0) return ['no runs'];
+  const rows = [
+    ['RUN', 'PLAN', 'TENANT', 'STATUS', 'STARTED', 'DURATION', 'STEP'],
+    ...runs.map((r) => [
+      r.runId,
+      r.planName,
+      r.tenantId,
+      r.status,
+      time(r.createdAt),
+      duration(r.endedAt === null ? now - r.createdAt : r.durationMs),
+      r.waitingStep !== null ? `${r.waitingStep} (waits for approval)` : (r.currentStep ?? ''),
+    ]),
+  ];
+  const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
+  return rows.map((r) =>
+    r
+      .map((c, i) => c.padEnd(widths[i]!))
+      .join('  ')
+      .trimEnd(),
+  );
+}
+
+/** The lines asking a person to decide: the step or its tool call, why, and who may decide. */
+export function approvalLines(runId: string, a: PendingApproval): string[] {
+  const who = a.approvers === null ? 'NAME' : a.approvers[0]!;
+  const lines = [
+    `  waiting for approval: ${a.stepId} (${flujoInvocation()} approve ${shellQuote(runId)} ${a.stepId} --by ${who}, or ${flujoInvocation()} reject …)`,
+  ];
+  if (a.call !== null) {
+    lines.push(
+      `    tool call ${a.call.callId.slice(0, 12)}: ${a.call.tool} ${preview(a.call.args, 120)}`,
+    );
+  }
+  if (a.reason !== null) lines.push(`    reason: ${a.reason}`);
+  if (a.approvers !== null) lines.push(`    approvers: ${a.approvers.join(', ')}`);
+  return lines;
+}
+
 /** What a run came to: status, produced outputs, blocked step and reason, and what to do next. */
 export function summaryLines(report: RunReport, resume: string | undefined): string[] {
   const { runId, summary } = report;
@@ -110,11 +318,7 @@ export function summaryLines(report: RunReport, resume: string | undefined): str
     lines.push(`  reason: ${summary.reason}${detailText(summary.detail)}`);
   }
   const waiting = waitingSteps(report);
-  for (const step of waiting) {
-    lines.push(
-      `  waiting for approval: ${step} (flujo approve ${shellQuote(runId)} ${step} --by NAME, or flujo reject …)`,
-    );
-  }
+  for (const approval of report.approvals ?? []) lines.push(...approvalLines(runId, approval));
   if (resume !== undefined && (waiting.length > 0 || report.status === 'failed')) {
     lines.push(`  then continue with: ${resume}`);
   }
@@ -133,8 +337,38 @@ function detailText(detail: unknown): string {
   return `: ${preview(detail)}`;
 }
 
+/** Where a cached step's output came from: `cached from run R at T` (and an external provenance). */
+export function cacheText(source: CacheSource | null): string {
+  if (source === null) return '';
+  const from = `cached from run ${source.runId} at ${new Date(source.storedAt).toISOString()}`;
+  return source.provenance === null ? from : `${from} (${source.provenance})`;
+}
+
+/** A step's last error: what was thrown (class, message), its first frames and its causes. */
+export function errorLines(error: SerializedError, frames = 3): string[] {
+  const pad = '      ';
+  const thrown = error.thrown;
+  const firstLine = (text: string) => text.split('\n')[0] ?? '';
+  if (thrown === undefined)
+    return [`${pad}${error.name} (${error.code}): ${firstLine(error.message)}`];
+  const lines = [`${pad}${thrown.name}: ${firstLine(thrown.message)}`];
+  for (const frame of (thrown.stack ?? '')
+    .split('\n')
+    .filter((f) => f !== '')
+    .slice(0, frames)) {
+    lines.push(`${pad}  ${frame}`);
+  }
+  for (const cause of thrown.causes ?? []) {
+    lines.push(`${pad}  caused by ${cause.name}: ${firstLine(cause.message)}`);
+  }
+  return lines;
+}
+
 /** `flujo status`: the run, its steps, and its summary. */
-export function statusLines(report: RunReport): string[] {
+export function statusLines(
+  report: RunReport,
+  attempts: readonly AttemptTimeline[] = [],
+): string[] {
   const width = Math.max(...report.steps.map((s) => s.stepId.length), 4);
   const lines = [
     `run ${report.runId}  plan "${report.planName}"  ${report.status}  (version ${report.version}, updated ${time(report.updatedAt)})`,
@@ -145,10 +379,51 @@ export function statusLines(report: RunReport): string[] {
       s.reason === null ? '' : s.reason,
       s.approval === null ? '' : `approved by ${s.approval.by}`,
       s.rejection === null ? '' : `rejected by ${s.rejection.by}`,
+      cacheText(s.cachedFrom ?? null),
+      s.fallback?.active === true ? 'fallback ran' : '',
+      report.lineage?.reusedSteps.includes(s.stepId) === true
+        ? `reused from ${report.lineage.replayOf}`
+        : '',
     ].filter((x) => x !== '');
+    const mine = attempts.filter((a) => a.stepId === s.stepId);
+    const first = mine.find((a) => a.startedAt !== null)?.startedAt ?? null;
+    const last = mine.at(-1);
+    if (first !== null) {
+      const end = last?.endedAt ?? null;
+      extra.push(
+        end === null
+          ? `started ${clock(first)}`
+          : `${clock(first)} → ${clock(end)} (${duration(end - first)})`,
+      );
+    }
     lines.push(`  ${s.stepId.padEnd(width)}  ${s.status.padEnd(16)} ${extra.join(', ')}`.trimEnd());
+    // Each attempt, when there was more than one or one was taken over.
+    if (mine.length > 1 || mine.some((a) => a.takenOver > 0)) {
+      for (const a of mine) {
+        const span =
+          a.endedAt === null
+            ? `started ${clock(a.startedAt)}, running`
+            : `${clock(a.startedAt)} → ${clock(a.endedAt)} (${duration(a.durationMs ?? NaN)}) ${a.outcome ?? ''}`;
+        const taken = a.takenOver > 0 ? `, taken over ${a.takenOver}×` : '';
+        lines.push(
+          `  ${''.padEnd(width)}    attempt ${a.attempt}: ${span}${a.worker === null ? '' : ` on ${a.worker}`}${taken}`.trimEnd(),
+        );
+      }
+    }
+    if (s.error !== null && s.status !== 'SUCCEEDED') lines.push(...errorLines(s.error));
   }
-  return lines.concat(summaryLines(report, undefined).slice(1));
+  for (const [stepId, p] of Object.entries(report.progress ?? {})) {
+    lines.push(
+      `  progress of ${stepId} (attempt ${p.attempt}, ${clock(p.at)}): ${preview(p.info, 120)}`,
+    );
+  }
+  if (report.idle != null) lines.push(idleLine(report.idle));
+  return lines.concat(lineageLines(report), summaryLines(report, undefined).slice(1));
+}
+
+/** Says that due work waits for a worker, and how to start one. */
+export function idleLine(idle: NonNullable<RunReport['idle']>): string {
+  return `  no worker has taken step ${idle.stepId} for ${duration(idle.idleMs)}: start one with \`flujo worker <job-module>\` (same --redis and --prefix), or continue it with \`flujo resume <runId> <job-module>\``;
 }
 
 /** `flujo ledger`: one row per tool call. */
@@ -218,4 +493,42 @@ function reconciledAs(outcome: string): string {
     default:
       return 'nothing sent';
   }
+}
+
+/** The run's lineage for `flujo status`: the run it replays, and its replays (none: no lines). */
+export function lineageLines(report: RunReport): string[] {
+  const l = report.lineage;
+  if (l === undefined) return [];
+  const lines: string[] = [];
+  if (l.replayOf !== null) {
+    const reused = l.reusedSteps.length === 0 ? '' : `, reused ${l.reusedSteps.join(', ')}`;
+    const from = l.fromStep === null ? '' : `, from step ${l.fromStep}`;
+    lines.push(
+      `  lineage ${l.lineage}: ${l.replayOf} → ${report.runId} (${l.mode}${from}${reused})`,
+    );
+  }
+  for (const r of l.replays)
+    lines.push(`  replayed: ${report.runId} → ${r.runId} (${r.mode}, ${time(r.at)})`);
+  return lines;
+}
+
+/**
+ * One line of a worker's status for a person: what it runs (run, step, attempt or turn, since
+ * when) and its counters. The same status gives the same line (no clock in it), so a caller can
+ * print it only when it changes.
+ */
+export function workerStatusLine(status: WorkerStatus): string {
+  const units = status.running.map((u) => {
+    const which = u.turn === null ? `attempt ${u.attempt}` : `attempt ${u.attempt} turn ${u.turn}`;
+    return `${u.runId} ${u.stepId} ${which} since ${clock(u.since)}`;
+  });
+  const { done, failed, busy } = status.counters;
+  const running = `${status.running.length} of ${status.concurrency} running`;
+  const what = units.length === 0 ? running : `${running}: ${units.join('; ')}`;
+  return `flujo worker: ${what}; done ${done}, failed ${failed}, busy ${busy}${status.closing ? ' (closing)' : ''}`;
+}
+
+/** A worker's status as one JSON line (`type: "worker.status"`, `at` the time it was read). */
+export function workerStatusJson(status: WorkerStatus, at: number): string {
+  return JSON.stringify({ type: 'worker.status', at, ...status });
 }

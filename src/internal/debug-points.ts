@@ -4,6 +4,8 @@
  * process sends itself SIGKILL: no `finally`, no flush, exactly like a machine losing power.
  */
 export const DebugPoint = {
+  /** A risky tool call was found approved; it has not started (no lease, no effect). */
+  afterCallApproved: 'after-call-approved',
   /** A tool's side effect happened; its receipt is not yet in the ledger. */
   afterToolEffect: 'after-tool-effect',
   /** The receipt is in the ledger; the step's result is not yet committed. */

@@ -16,6 +16,19 @@ export type PathSegment = string | number;
 
 const IDENTIFIER = /^[A-Za-z_$][A-Za-z0-9_$]*$/;
 
+/**
+ * The deepest nesting of arrays and objects a value may have: a value inside more than this many
+ * levels is refused. Deeper values overflow the call stack of `JSON.stringify`, zod and the Lua
+ * JSON codec long before they carry any meaning.
+ */
+export const MAX_JSON_DEPTH = 512;
+
+/** How many leading segments of a too-deep path a message shows. */
+const DEPTH_PATH_SHOWN = 6;
+
+/** The message (its start) for a value nested deeper than {@link MAX_JSON_DEPTH}. */
+export const TOO_DEEP = `nested deeper than ${MAX_JSON_DEPTH} levels of arrays and objects; flatten it (at most ${MAX_JSON_DEPTH} levels), or pass the deep part as a JSON string`;
+
 /** Formats a path as `input.user.tags[2]` (keys that are not identifiers as `["a b"]`). */
 export function formatPath(root: string, segments: readonly PropertyKey[]): string {
   let out = root;
@@ -150,10 +163,22 @@ function walk(
     else if (typeof value !== 'object') {
       const problem = describePrimitive(value);
       if (problem !== undefined) emit(problem);
+    } else if (value !== null && path.length >= MAX_JSON_DEPTH) {
+      // Reported once, at the first place past the limit; nothing below it is walked.
+      tooDeep();
     } else if (value !== null && !clean.has(value) && enter(value)) {
       continue; // the path stays until the LEAVE entry
     }
     if (!isRoot) path.pop();
+  }
+
+  /** Reports a value past the depth limit under the first few segments of its path. */
+  function tooDeep(): void {
+    issues++;
+    const shown = path.slice(0, DEPTH_PATH_SHOWN);
+    const where =
+      path.length > shown.length ? ` (at depth ${path.length} from the root, below this path)` : '';
+    report(shown, `${TOO_DEEP}${where}`);
   }
 
   /** Checks an object; returns true when it pushed its children and its LEAVE entry. */

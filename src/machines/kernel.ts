@@ -1,43 +1,36 @@
-import { createActor, type AnyStateMachine } from 'xstate';
+import { createActor, type Actor, type Snapshot, type SnapshotFrom } from 'xstate';
 import { EventValidationError, InvariantError, type ValidationIssue } from '../errors.js';
 import type { Plan } from '../plan/schema.js';
 import { runEventSchema, type RunEvent } from '../schemas/events.js';
 import { zodIssuesToValidationIssues } from '../schemas/issues.js';
-import {
-  runMachine,
-  statusOf,
-  stepInputs,
-  type RunContext,
-  type StepMessage,
-  type StepReportedEvent,
-} from './run-machine.js';
-import { stepMachine, type StepEvent, type StepInput } from './step-machine.js';
-import type { PlannedAction, RunStatus, StepContext, StepReport, StepStatus } from './types.js';
+import { runMachine, statusOf, type RunContext } from './run-machine.js';
+import { stepMachine, type StepMachine } from './step-machine.js';
+import type { PlannedAction, RunStatus, StepContext, StepStatus } from './types.js';
 
-/**
- * A run's persisted snapshot: the run machine's state with one step machine snapshot per step
- * (under `children`, the shape xstate gives a machine's child actors). Plain JSON; this is what the
- * snapshot store keeps. Treat it as opaque outside `src/machines`.
- */
-export interface RunSnapshot {
-  status: 'active' | 'done' | 'error' | 'stopped';
-  value: string;
-  context: RunContext;
-  children: Record<
-    string,
-    {
-      snapshot: {
-        status: string;
-        value: StepStatus;
-        context: StepContext;
-        [key: string]: unknown;
-      };
-      src: string;
-      [key: string]: unknown;
-    }
-  >;
+/** A step's entry in a run snapshot: xstate's persisted form of the run's child actor. */
+export interface PersistedStep {
+  snapshot: Snapshot<unknown> & {
+    value: StepStatus;
+    context: StepContext;
+    [key: string]: unknown;
+  };
+  /** The actor logic the step was spawned from: `'step'`. */
+  src: string;
   [key: string]: unknown;
 }
+
+/**
+ * A run's persisted snapshot: xstate's persisted form of a run machine actor
+ * (`actor.getPersistedSnapshot()`), with one step actor per step under `children`. Plain JSON;
+ * this is what the snapshot store keeps, and what `createActor(runMachine, { snapshot })` takes.
+ * Treat it as opaque outside `src/machines`.
+ */
+export type RunSnapshot = Snapshot<unknown> & {
+  value: string;
+  context: RunContext;
+  children: Record<string, PersistedStep>;
+  [key: string]: unknown;
+};
 
 /** A step's state moving, as recorded in the run's event stream. */
 export interface StepChange {
@@ -60,219 +53,163 @@ export interface RunTransition {
 }
 
 /**
- * A run held in memory: the run machine's snapshot and one step machine snapshot per step, fed one
- * event at a time. Pure: no clock, timer, randomness or I/O; what it returns for an event is a
- * function of its state and the event alone.
+ * A run held in memory: a started run machine actor with its step actors, fed one event at a
+ * time. Pure: no clock, timer, randomness or I/O; what it returns for an event is a function of
+ * its state and the event alone.
  *
- * Every next snapshot comes from the machines' own pure `transition` (xstate computes it; nothing
- * is started). Messages between the run and its steps are actions: a `toStep` action of the run
- * is delivered to that step at once, and each `report` action of a step is queued for the run as
- * `step.reported`, in the order an actor system would deliver them (a child takes a message as it
- * is sent; the parent takes its own queue in order). Opening a run from its persisted JSON resolves
- * each state from its value and context, so a worker may keep an `OpenRun` between events of the
- * same run (checking the stored version first) or open one per event (`advanceRun`).
+ * The actors do all the work: the run forwards an event to its step (`sendTo`), the step reports
+ * back (`sendParent`), and the run's `plan` actions are collected in the order they run. Every
+ * message is delivered synchronously, so the run is at rest again when `send` returns. A worker
+ * may keep an `OpenRun` between events of the same run (checking the stored version first) or open
+ * one per event (`advanceRun`).
  */
 export interface OpenRun {
   /** The snapshot as of the last event (or as opened). */
   readonly snapshot: RunSnapshot;
   /** Feeds one valid event (see {@link validateRunEvent}). */
   send(event: RunEvent): RunTransition;
-  /** Releases the run (kept for symmetry with hosts that pool open runs). */
+  /** Lets the run go (kept for hosts that pool open runs). */
   close(): void;
 }
 
-type RunState = MachineSnapshotOf<typeof runMachine>;
-type StepState_ = MachineSnapshotOf<typeof stepMachine>;
-type MachineSnapshotOf<M extends AnyStateMachine> = ReturnType<M['resolveState']>;
+type StepSnapshot = SnapshotFrom<StepMachine>;
 
-interface Collected {
-  type: string;
-  params: unknown;
+// The persisted form of each step snapshot, computed once per snapshot object: a step actor that
+// did not move keeps its snapshot object, so its persisted form (and the object a commit compares
+// first) stays the same, and its context (a step output may be large) is not walked again.
+const persistedSteps = new WeakMap<StepSnapshot, PersistedStep['snapshot']>();
+// The child entry of each persisted step snapshot, for the same reason one level up.
+const childEntries = new WeakMap<object, PersistedStep>();
+
+/** The step machine as the kernel runs it: the same machine, its persisted snapshots cached. */
+const kernelStepMachine: StepMachine = stepMachine.provide({});
+kernelStepMachine.getPersistedSnapshot = (snapshot, options) => {
+  let persisted = persistedSteps.get(snapshot);
+  if (persisted === undefined) {
+    const fresh = stepMachine.getPersistedSnapshot(snapshot, options);
+    if (!isPersistedStepSnapshot(fresh)) throw new InvariantError('unreadable step snapshot');
+    persisted = fresh;
+    persistedSteps.set(snapshot, persisted);
+  }
+  return persisted;
+};
+
+// Where the run's `plan` actions go while the kernel feeds it an event (actors run synchronously).
+let sink: PlannedAction[] | null = null;
+
+/**
+ * The run machine as the kernel runs it: its `plan` actions collected into the transition's
+ * `planned`, its step actors persisted through the cache above.
+ */
+const kernelRunMachine = runMachine.provide({
+  actors: { step: kernelStepMachine },
+  actions: {
+    plan: (_, action: PlannedAction) => {
+      sink?.push(action);
+    },
+  },
+});
+
+type RunActor = Actor<typeof kernelRunMachine>;
+
+function isPersistedStepSnapshot(value: unknown): value is PersistedStep['snapshot'] {
+  return (
+    typeof value === 'object' &&
+    value !== null &&
+    'value' in value &&
+    typeof value.value === 'string' &&
+    'context' in value &&
+    typeof value.context === 'object'
+  );
+}
+
+function isRunSnapshot(value: unknown): value is RunSnapshot {
+  return (
+    typeof value === 'object' &&
+    value !== null &&
+    'status' in value &&
+    'value' in value &&
+    typeof value.value === 'string' &&
+    'context' in value &&
+    typeof value.context === 'object' &&
+    'children' in value &&
+    typeof value.children === 'object'
+  );
+}
+
+function check(actor: RunActor): void {
+  const snapshot = actor.getSnapshot();
+  if (snapshot.status === 'error') {
+    const cause = snapshot.error;
+    throw new InvariantError(`run machine failed: ${String(cause)}`, { cause });
+  }
+}
+
+/** Starts `actor`, collecting what it plans; errors surface as its snapshot's status. */
+function started(actor: RunActor, planned: PlannedAction[]): RunActor {
+  // An error observer, so that a machine error is read from the snapshot, never thrown elsewhere.
+  actor.subscribe({ error: () => {} });
+  collecting(planned, () => actor.start());
+  check(actor);
+  return actor;
+}
+
+/** Runs `work` with the run's `plan` actions going to `planned`. */
+function collecting(planned: PlannedAction[], work: () => void): void {
+  const outer = sink;
+  sink = planned;
+  try {
+    work();
+  } finally {
+    sink = outer;
+  }
 }
 
 /**
- * The scope a machine's pure `transition` runs in: it collects the executable actions instead of
- * executing them. One per machine, reused (building one per call costs an actor construction).
+ * The run's persisted snapshot: xstate's, with the entry of every unchanged step kept, in plan
+ * order. A step the actor was restored without keeps its entry in `previous`.
  */
-function pureScope(machine: AnyStateMachine): { scope: never; taken: Collected[] } {
-  const taken: Collected[] = [];
-  // An actor that is never started, for the `self` and `system` the scope must name.
-  const self = createActor(machine);
-  const scope = {
-    self,
-    system: self.system,
-    id: '',
-    sessionId: '',
-    defer: () => {},
-    logger: () => {},
-    emit: () => {},
-    stopChild: () => {},
-    actionExecutor: (action: Collected) => {
-      taken.push(action);
-    },
-  };
-  return { scope: scope as never, taken };
-}
-
-const runScope = pureScope(runMachine);
-const stepScope = pureScope(stepMachine);
-
-function take(taken: Collected[]): Collected[] {
-  return taken.splice(0, taken.length);
-}
-
-function check<S extends { status: string; error?: unknown }>(snapshot: S, what: string): S {
-  if (snapshot.status === 'error') {
-    const cause = snapshot.error;
-    throw new InvariantError(`${what} failed: ${String(cause)}`, { cause });
+function persist(actor: RunActor, previous?: RunSnapshot): RunSnapshot {
+  const persisted = actor.getPersistedSnapshot();
+  if (!isRunSnapshot(persisted)) throw new InvariantError('unreadable run snapshot');
+  const children: RunSnapshot['children'] = {};
+  // In plan order (a reopened step's actor is spawned anew, so xstate lists it last).
+  for (const id of persisted.context.order) {
+    const child = persisted.children[id];
+    if (child === undefined) {
+      const kept = previous?.children[id];
+      if (kept !== undefined) children[id] = kept;
+      continue;
+    }
+    const known = childEntries.get(child.snapshot);
+    if (known !== undefined && known.src === child.src) {
+      children[id] = known;
+    } else {
+      childEntries.set(child.snapshot, child);
+      children[id] = child;
+    }
   }
-  return snapshot;
+  return { ...persisted, children };
 }
 
-function persistStep(state: StepState_): PersistedStep {
-  return {
-    snapshot: {
-      status: state.status,
-      value: state.value,
-      historyValue: {},
-      context: state.context,
-      children: {},
-      output: state.output,
-      error: state.error,
-    },
-    src: 'step',
-    syncSnapshot: false,
-  };
-}
-
-type PersistedStep = RunSnapshot['children'][string];
-
-function restoreStep(persisted: PersistedStep): StepState_ {
-  const { value, context } = persisted.snapshot;
-  return stepMachine.resolveState({ value, context });
-}
-
-/** A run in memory, from its machine snapshots. */
+/** A run in memory: its started actor and its persisted snapshot as of the last event. */
 class LiveRun implements OpenRun {
-  #run: RunState;
-  readonly #steps: Map<string, StepState_>;
-  // The persisted form of each step, rebuilt only for steps that moved.
-  readonly #persisted: Map<string, PersistedStep>;
+  readonly #actor: RunActor;
   #snapshot: RunSnapshot;
 
-  constructor(run: RunState, steps: Map<string, StepState_>, persisted?: RunSnapshot) {
-    this.#run = run;
-    this.#steps = steps;
-    this.#persisted = new Map();
-    if (persisted === undefined) {
-      for (const [id, state] of steps) this.#persisted.set(id, persistStep(state));
-    } else {
-      for (const [id, child] of Object.entries(persisted.children)) this.#persisted.set(id, child);
-    }
-    this.#snapshot = persisted ?? this.#persist();
+  constructor(actor: RunActor, snapshot: RunSnapshot) {
+    this.#actor = actor;
+    this.#snapshot = snapshot;
   }
 
   get snapshot(): RunSnapshot {
     return this.#snapshot;
   }
 
-  #persist(): RunSnapshot {
-    const children: RunSnapshot['children'] = {};
-    for (const id of this.#run.context.order) {
-      const child = this.#persisted.get(id);
-      if (child !== undefined) children[id] = child;
-    }
-    const run = this.#run;
-    return {
-      status: run.status,
-      value: run.value,
-      historyValue: {},
-      context: run.context,
-      children,
-      output: run.output,
-      error: run.error,
-    };
-  }
-
-  /** Delivers the run's actions; returns the planned ones. Reports queue for the run. */
-  #carryOut(actions: Collected[], queue: StepReportedEvent[], planned: PlannedAction[]): boolean {
-    let moved = false;
-    for (const action of actions) {
-      switch (action.type) {
-        case 'toStep': {
-          const { stepId, event } = action.params as StepMessage;
-          moved = this.#deliver(stepId, event, queue) || moved;
-          break;
-        }
-        case 'plan':
-          planned.push(action.params as PlannedAction);
-          break;
-        case 'reopenStep': {
-          const { stepId, at } = action.params as { stepId: string; at: number };
-          const old = this.#steps.get(stepId);
-          if (old === undefined) break;
-          this.#setStep(stepId, initialStep(reopenInput(old.context, at)));
-          moved = true;
-          break;
-        }
-        default:
-          break;
-      }
-    }
-    return moved;
-  }
-
-  #deliver(stepId: string, event: StepEvent, queue: StepReportedEvent[]): boolean {
-    const state = this.#steps.get(stepId);
-    // Like an actor that has stopped, a step that has ended takes no more messages.
-    if (state === undefined || state.status !== 'active') return false;
-    const next = check(
-      stepMachine.transition(state, event, stepScope.scope),
-      `step machine "${stepId}"`,
-    );
-    for (const action of take(stepScope.taken)) {
-      if (action.type === 'report') {
-        queue.push({ type: 'step.reported', ...(action.params as StepReport) });
-      }
-    }
-    if (next === state) return false;
-    this.#setStep(stepId, next);
-    return true;
-  }
-
-  #setStep(stepId: string, state: StepState_): void {
-    this.#steps.set(stepId, state);
-    this.#persisted.set(stepId, persistStep(state));
-  }
-
-  /** Runs the run machine on `first` and on every report that follows, to quiescence. */
-  drain(first: RunEvent | StepReportedEvent | null, planned: PlannedAction[]): boolean {
-    const queue: StepReportedEvent[] = [];
-    let moved = false;
-    if (first === null) {
-      // The run's own entry actions (a new run starts its first steps).
-      moved = this.#carryOut(take(runScope.taken), queue, planned);
-    } else {
-      queue.push(first as StepReportedEvent);
-    }
-    for (let i = 0; i < queue.length; i++) {
-      const event = queue[i] as StepReportedEvent;
-      const next = check(runMachine.transition(this.#run, event, runScope.scope), 'run machine');
-      const actions = take(runScope.taken);
-      if (next !== this.#run) {
-        this.#run = next;
-        moved = true;
-      }
-      moved = this.#carryOut(actions, queue, planned) || moved;
-    }
-    if (moved) this.#snapshot = this.#persist();
-    return moved;
-  }
-
   send(event: RunEvent): RunTransition {
-    const before = this.#run.context;
+    const before = this.#snapshot.context;
     // A run that has ended never changes.
-    if (this.#run.status !== 'active') {
+    if (this.#snapshot.status !== 'active') {
       return {
         snapshot: this.#snapshot,
         status: statusOf(before),
@@ -281,9 +218,19 @@ class LiveRun implements OpenRun {
         accepted: false,
       };
     }
+    const actor = this.#actor;
+    const run = actor.getSnapshot();
+    const steps = Object.values(run.children).map((child) => child?.getSnapshot());
     const planned: PlannedAction[] = [];
-    const moved = this.drain(event, planned);
-    const context = this.#run.context;
+    collecting(planned, () => actor.send(event));
+    check(actor);
+    const next = actor.getSnapshot();
+    // Nothing moved when neither the run nor any of its steps has a new snapshot.
+    const moved =
+      next !== run ||
+      Object.values(next.children).some((child, i) => child?.getSnapshot() !== steps[i]);
+    if (moved) this.#snapshot = persist(actor, this.#snapshot);
+    const context = this.#snapshot.context;
     return {
       snapshot: this.#snapshot,
       status: statusOf(context),
@@ -293,41 +240,59 @@ class LiveRun implements OpenRun {
     };
   }
 
+  // Nothing to stop: the actors hold no timer or subscription outside themselves, so a run that
+  // is let go is collected. (Stopping one walks every child: a cost paid for nothing.)
   close(): void {}
 }
 
-function initialStep(input: StepInput): StepState_ {
-  const state = stepMachine.getInitialSnapshot(stepScope.scope, input);
-  take(stepScope.taken);
-  return check(state, 'step machine');
-}
-
-/** The input of a fresh step machine for a step reopened by a resume: its attempts go on. */
-function reopenInput(old: StepContext, at: number): StepInput {
-  return {
-    stepId: old.stepId,
-    needsApproval: old.needsApproval,
-    granular: old.granular,
-    retry: old.retry,
-    at,
-    attempt: old.attempt,
-    agent: old.agent,
-  };
-}
-
-/** Opens a run from its persisted snapshot. */
-export function openRun(snapshot: RunSnapshot): OpenRun {
-  const run = runMachine.resolveState({
-    value: snapshot.value,
-    context: snapshot.context,
-  });
-  const steps = new Map<string, StepState_>();
-  for (const id of snapshot.context.order) {
-    const child = snapshot.children[id];
-    if (child === undefined) throw new InvariantError(`run snapshot has no child for step "${id}"`);
-    steps.set(id, restoreStep(child));
+/**
+ * The run actor of a persisted snapshot, started: restored with every step actor, or only with
+ * those named in `only` (the others are left out of the snapshot it is restored from).
+ */
+function restore(snapshot: RunSnapshot, only?: ReadonlySet<string>): RunActor {
+  let from = snapshot;
+  if (only !== undefined) {
+    const children: RunSnapshot['children'] = {};
+    for (const id of only) {
+      const entry = snapshot.children[id];
+      if (entry !== undefined) children[id] = entry;
+    }
+    from = { ...snapshot, children };
   }
-  return new LiveRun(run, steps, snapshot);
+  const actor = createActor(kernelRunMachine, { snapshot: from });
+  // Each restored step stands for the persisted entry it came from, until it moves.
+  const restored = actor.getSnapshot().children;
+  for (const id in from.children) {
+    const entry = from.children[id];
+    const child = restored[id];
+    if (entry === undefined || child === undefined) continue;
+    persistedSteps.set(child.getSnapshot(), entry.snapshot);
+    childEntries.set(entry.snapshot, entry);
+  }
+  return started(actor, []);
+}
+
+/** Opens a run from its persisted snapshot: its run actor restored with every step actor. */
+export function openRun(snapshot: RunSnapshot): OpenRun {
+  for (const id of snapshot.context.order) {
+    if (snapshot.children[id] === undefined) {
+      throw new InvariantError(`run snapshot has no child for step "${id}"`);
+    }
+  }
+  return new LiveRun(restore(snapshot), snapshot);
+}
+
+/**
+ * The steps an event about one step reaches unless a failure cascades: that step and the steps
+ * that depend on it directly. Null for an event about the whole run (every step).
+ */
+function reach(context: RunContext, event: RunEvent): Set<string> | null {
+  if (!('stepId' in event)) return null;
+  const ids = new Set([event.stepId]);
+  for (const id of context.order) {
+    if ((context.dependsOn[id] ?? []).includes(event.stepId)) ids.add(id);
+  }
+  return ids;
 }
 
 function diffSteps(before: RunContext | null, after: RunContext): StepChange[] {
@@ -350,24 +315,16 @@ export interface StartRunOptions {
   at: number;
 }
 
-/** Creates a run from a parsed plan: one step machine per step; starts those with no dependencies. */
+/** Creates a run from a parsed plan: one step actor per step; starts those with no dependencies. */
 export function startRun(plan: Plan, { runId, at }: StartRunOptions): RunTransition {
-  const steps = new Map<string, StepState_>();
-  for (const input of stepInputs(plan, at)) steps.set(input.stepId, initialStep(input));
-  take(runScope.taken);
-  const run = check(
-    runMachine.getInitialSnapshot(runScope.scope, { runId, plan, at }),
-    'run machine',
-  );
-  const live = new LiveRun(run, steps);
   const planned: PlannedAction[] = [];
-  live.drain(null, planned);
-  const context = live.snapshot.context;
+  const actor = started(createActor(kernelRunMachine, { input: { runId, plan, at } }), planned);
+  const snapshot = persist(actor);
   return {
-    snapshot: live.snapshot,
-    status: statusOf(context),
+    snapshot,
+    status: statusOf(snapshot.context),
     planned,
-    changes: diffSteps(null, context),
+    changes: diffSteps(null, snapshot.context),
     accepted: true,
   };
 }
@@ -406,12 +363,18 @@ export function advanceRun(snapshot: RunSnapshot, event: unknown): RunTransition
       accepted: false,
     };
   }
-  const run = openRun(snapshot);
-  try {
-    return run.send(valid);
-  } finally {
-    run.close();
+  // Restoring a step actor is most of an event's cost: the run is restored with only the steps
+  // the event reaches. A message to a step left out (a failure cascading past the dependents)
+  // fails that actor, and the event is fed again to the run restored whole.
+  const ids = reach(snapshot.context, valid);
+  if (ids !== null && ids.size < snapshot.context.order.length) {
+    try {
+      return new LiveRun(restore(snapshot, ids), snapshot).send(valid);
+    } catch (error) {
+      if (!(error instanceof InvariantError)) throw error;
+    }
   }
+  return openRun(snapshot).send(valid);
 }
 
 /** The run's status, read from its snapshot. */

@@ -1,16 +1,19 @@
-import { assign, enqueueActions, setup } from 'xstate';
-import type { Plan } from '../plan/schema.js';
-import { stepNeedsApproval } from '../plan/schema.js';
+import { assign, enqueueActions, sendTo, setup, type AnyActorRef } from 'xstate';
+import { InvariantError } from '../errors.js';
 import type { JsonValue } from '../internal/json.js';
+import { parsePlan } from '../plan/parse-plan.js';
+import type { Plan, PlanInput } from '../plan/schema.js';
+import { stepNeedsApproval } from '../plan/schema.js';
 import type { RunEvent } from '../schemas/events.js';
 import { deriveRunStatus } from './run-status.js';
-import type { StepEvent, StepInput } from './step-machine.js';
+import { stepMachine, type StepEvent, type StepInput } from './step-machine.js';
 import {
   StepReason,
   isFinalStepStatus,
   type PlannedAction,
   type RunStatus,
-  type StepReport,
+  type StepContext,
+  type StepReportedEvent,
   type StepView,
 } from './types.js';
 
@@ -21,6 +24,13 @@ export interface RunInput {
   /** Creation time (epoch ms). */
   at: number;
 }
+
+/**
+ * What `createActor(runMachine, { input })` takes: a {@link RunInput}, or a plan alone (parsed, or
+ * a plain plan object, which is parsed with `parsePlan`: a bad plan throws its
+ * `PlanValidationError`). A plan alone runs with `runId` = the plan's name, created at time 0.
+ */
+export type RunMachineInput = RunInput | Plan | PlanInput;
 
 /** Who cancelled the run, when and why. */
 export interface CancelRequest {
@@ -59,13 +69,40 @@ export interface RunContext {
   updatedAt: number;
 }
 
-/** A step's report to its run (sent by the step machine's `report` action). */
-export type StepReportedEvent = { type: 'step.reported' } & StepReport;
+/** A step's report to its run: the event its step actor sends its parent on entering a state. */
+export type { StepReportedEvent } from './types.js';
 
-/** A message from the run to one of its steps, delivered by the kernel. */
+/** A message from the run to one of its step actors. */
 export interface StepMessage {
   stepId: string;
   event: StepEvent;
+}
+
+// The run input each machine input stands for, computed once per input object: the context
+// factory and the entry actions (which spawn the steps) both read it.
+const resolvedInputs = new WeakMap<object, RunInput>();
+
+/**
+ * The {@link RunInput} a run machine input stands for: a `{ runId, plan, at }` as it is, a plan
+ * alone parsed with `parsePlan` (throws `PlanValidationError`) and run as `runId` = its name at 0.
+ */
+export function runInputOf(input: RunMachineInput | undefined): RunInput {
+  // No input at all, null or JSON text: `parsePlan` says what is wrong, or parses it.
+  if (typeof input !== 'object' || input === null) {
+    const plan = parsePlan(input);
+    return { runId: plan.name, plan, at: 0 };
+  }
+  const known = resolvedInputs.get(input);
+  if (known !== undefined) return known;
+  let resolved: RunInput;
+  if ('plan' in input && 'runId' in input) {
+    resolved = input;
+  } else {
+    const plan = parsePlan(input);
+    resolved = { runId: plan.name, plan, at: 0 };
+  }
+  resolvedInputs.set(input, resolved);
+  return resolved;
 }
 
 // Contexts are never mutated (each assign makes a new one), so the status derived from one can be
@@ -92,7 +129,7 @@ function cancelOpenSteps(
   context: RunContext,
   reason: string,
   at: number,
-  send: (id: string, event: { type: 'step.cancel'; reason: string; at: number }) => void,
+  send: (id: string, event: StepEvent) => void,
 ): string[] {
   const ordered: string[] = [];
   for (const id of context.order) {
@@ -108,11 +145,38 @@ function cancelOpenSteps(
 const satisfied = (view: StepView | undefined): boolean =>
   view !== undefined && (view.status === 'SUCCEEDED' || view.status === 'SKIPPED');
 
-// The event, addressed to the step it is about.
-const forward = ({ event }: { event: StepEvent & { stepId: string } }): StepMessage => ({
-  stepId: event.stepId,
-  event,
-});
+/** The context of the step actor `stepId` of a run, read to reopen the step. */
+function endedStepContext(actor: AnyActorRef | undefined, stepId: string): StepContext {
+  const snapshot: unknown = actor?.getSnapshot();
+  const context =
+    typeof snapshot === 'object' && snapshot !== null && 'context' in snapshot
+      ? snapshot.context
+      : undefined;
+  if (
+    typeof context !== 'object' ||
+    context === null ||
+    !('stepId' in context) ||
+    context.stepId !== stepId
+  ) {
+    throw new InvariantError(`run has no actor for step "${stepId}"`);
+  }
+  return context as StepContext;
+}
+
+/** The input of a fresh step actor for a step reopened by a resume: its attempts go on. */
+export function reopenInput(old: StepContext, at: number): StepInput {
+  return {
+    stepId: old.stepId,
+    needsApproval: old.needsApproval,
+    granular: old.granular,
+    // A reopened step starts from its primary again.
+    fallback: (old.fallback ?? null) !== null,
+    retry: old.retry,
+    at,
+    attempt: old.attempt,
+    agent: old.agent,
+  };
+}
 
 /** The input of the step machine of each step of `plan`. */
 export function stepInputs(plan: Plan, at: number): StepInput[] {
@@ -120,6 +184,7 @@ export function stepInputs(plan: Plan, at: number): StepInput[] {
     stepId: step.id,
     needsApproval: stepNeedsApproval(step),
     granular: step.kind === 'agent' && step.mode === 'granular',
+    fallback: step.fallback !== undefined,
     retry: {
       maxAttempts: step.retry.maxAttempts,
       initialDelayMs: step.retry.initialDelayMs,
@@ -131,30 +196,44 @@ export function stepInputs(plan: Plan, at: number): StepInput[] {
   }));
 }
 
+// The event, addressed to the step it is about.
+const forward = ({ event }: { event: StepEvent & { stepId: string } }): StepMessage => ({
+  stepId: event.stepId,
+  event,
+});
+
 /**
- * The machine of one run. It owns one step machine per step of the plan, addressed by step id:
- * it starts the steps whose dependencies are met (all of them at once when several are ready:
- * fan-out), forwards each event about a step to that step, and derives its status from the
- * steps' reports: `running`, `waiting`, then one of the final `succeeded`, `failed`, `cancelled`.
+ * The machine of one run: an XState parent with one step actor ({@link stepMachine}) per step of
+ * the plan, spawned as child `step` under the step's id. It starts the steps whose dependencies
+ * are met (all of them at once when several are ready: fan-out), forwards each event about a step
+ * to that step (`sendTo(stepId, event)`), and derives its status from the reports its steps send it
+ * (`step.reported`, by `sendParent`): `running`, `waiting`, then `succeeded` or `cancelled` (final)
+ * or `failed` (it rests there until `run.resumed`, which reopens each failed or cancelled step with
+ * a fresh step actor under the same id, its attempts going on).
  *
- * Messages between the run and its steps are actions the kernel delivers (`toStep` to a step; a
- * step's `report` comes back as `step.reported`), the pure equivalent of `sendTo`/`sendParent`:
- * the kernel computes every next snapshot with the machines' pure `transition`, and no actor
- * system is started to feed a run one event.
+ * Run it as an actor: `createActor(runMachine, { input: plan })` (a {@link RunMachineInput}), send
+ * it the run events of `src/schemas/events.ts`, and read each step from
+ * `getSnapshot().children[stepId].getSnapshot()`. A persisted snapshot
+ * (`actor.getPersistedSnapshot()`, or a stored run) restores with every step through
+ * `createActor(runMachine, { snapshot })`.
  *
  * Dependents of a step that failed finally, was rejected or was cancelled are CANCELLED with reason
  * `upstream_failed` (they will never run), transitively; steps on independent branches go on, and
  * the run ends `failed` once nothing can move. A SKIPPED step satisfies its dependents.
  *
- * Pure: it reads no clock and draws no random number; what must happen outside is emitted as
- * `planned` events (see {@link PlannedAction}) for the host to carry out.
+ * Pure: it reads no clock and draws no random number. What must happen outside (execute a step,
+ * schedule a retry, ask for an approval, abort an attempt) is its `plan` action, one
+ * {@link PlannedAction} as params, in the order the steps planned them: a no-op here, for the host
+ * to `provide` (`runMachine.provide({ actions: { plan: (_, action) => … } })`).
  */
 export const runMachine = setup({
   types: {
     context: {} as RunContext,
     events: {} as RunEvent | StepReportedEvent,
-    input: {} as RunInput,
+    // Optional to the type checker only, so that a snapshot alone restores an actor.
+    input: {} as RunMachineInput | undefined,
   },
+  actors: { step: stepMachine },
   guards: {
     isSucceeded: ({ context }) => statusOf(context) === 'succeeded',
     isFailed: ({ context }) => statusOf(context) === 'failed',
@@ -173,23 +252,18 @@ export const runMachine = setup({
     },
   },
   actions: {
-    // Orders every open step cancelled with `reason` (a run cancel, a budget stop), once.
-    // Delivered by the kernel: the step's machine takes `event`.
-    toStep: (_, _message: StepMessage) => {},
-    // Carried out by the host: something that must happen outside.
+    // Carried out by the host: something that must happen outside (see the machine's doc).
     plan: (_, _action: PlannedAction) => {},
-    // The kernel replaces the step's ended machine with a fresh one (attempts go on).
-    reopenStep: (_, _params: { stepId: string; at: number }) => {},
+    // A message to one step actor.
+    toStep: sendTo(
+      (_, message: StepMessage) => message.stepId,
+      (_, message: StepMessage) => message.event,
+    ),
     // Orders every open step cancelled with `reason` (a run cancel, a budget stop), once.
     cancelOpenSteps: enqueueActions(
       ({ enqueue, context }, params: { reason: string; at: number }) => {
-        // `enqueue` is typed before the sibling actions exist; `toStep` is one of them.
-        const send = enqueue as unknown as (action: {
-          type: 'toStep';
-          params: StepMessage;
-        }) => void;
         const ordered = cancelOpenSteps(context, params.reason, params.at, (stepId, event) =>
-          send({ type: 'toStep', params: { stepId, event } }),
+          enqueue.sendTo(stepId, event),
         );
         enqueue.assign({ cancelOrdered: ({ context: c }) => [...c.cancelOrdered, ...ordered] });
       },
@@ -197,32 +271,43 @@ export const runMachine = setup({
   },
 }).createMachine({
   id: 'run',
-  context: ({ input }) => ({
-    runId: input.runId,
-    planName: input.plan.name,
-    order: input.plan.steps.map((s) => s.id),
-    dependsOn: Object.fromEntries(input.plan.steps.map((s) => [s.id, [...s.dependsOn]])),
-    steps: Object.fromEntries(
-      input.plan.steps.map((s) => [s.id, { status: 'PENDING', attempt: 0 }]),
-    ),
-    cancel: null,
-    stop: null,
-    resumes: 0,
-    cancelOrdered: [],
-    createdAt: input.at,
-    updatedAt: input.at,
-  }),
-  entry: enqueueActions(({ enqueue, context }) => {
+  context: ({ input }) => {
+    const { runId, plan, at } = runInputOf(input);
+    return {
+      runId,
+      planName: plan.name,
+      order: plan.steps.map((s) => s.id),
+      dependsOn: Object.fromEntries(plan.steps.map((s) => [s.id, [...s.dependsOn]])),
+      steps: Object.fromEntries(plan.steps.map((s) => [s.id, { status: 'PENDING', attempt: 0 }])),
+      cancel: null,
+      stop: null,
+      resumes: 0,
+      cancelOrdered: [],
+      createdAt: at,
+      updatedAt: at,
+    };
+  },
+  // One step actor per step, then the steps with no dependencies start. The entry's event is
+  // xstate's init event, which carries the input.
+  entry: enqueueActions(({ enqueue, context, event }) => {
+    if (!('input' in event)) return;
+    const { plan } = runInputOf(event.input as RunMachineInput | undefined);
+    for (const input of stepInputs(plan, context.createdAt)) {
+      enqueue.spawnChild('step', { id: input.stepId, input });
+    }
     const at = context.createdAt;
     for (const id of context.order) {
       if ((context.dependsOn[id] ?? []).length === 0) {
-        enqueue({ type: 'toStep', params: { stepId: id, event: { type: 'deps.met', at } } });
+        enqueue.sendTo(id, { type: 'deps.met', at } satisfies StepEvent);
       }
     }
   }),
   initial: 'running',
   on: {
+    'step.started': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
+    'tool.approvalRequested': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
     'step.succeeded': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
+    'step.cacheHit': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
     'step.failed': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
     'step.skipped': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
     'gate.approved': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
@@ -289,18 +374,13 @@ export const runMachine = setup({
             if (context.cancelOrdered.includes(id)) continue;
             if (blocks) {
               blocked.push(id);
-              enqueue({
-                type: 'toStep',
-                params: {
-                  stepId: id,
-                  event: { type: 'deps.failed', causeStepId: event.stepId, at: event.at },
-                },
-              });
+              enqueue.sendTo(id, {
+                type: 'deps.failed',
+                causeStepId: event.stepId,
+                at: event.at,
+              } satisfies StepEvent);
             } else if (deps.every((d) => satisfied(context.steps[d]))) {
-              enqueue({
-                type: 'toStep',
-                params: { stepId: id, event: { type: 'deps.met', at: event.at } },
-              });
+              enqueue.sendTo(id, { type: 'deps.met', at: event.at } satisfies StepEvent);
             }
           }
           if (blocked.length > 0) {
@@ -333,13 +413,17 @@ export const runMachine = setup({
       on: {
         'run.resumed': {
           target: 'running',
-          actions: enqueueActions(({ enqueue, context, event }) => {
+          actions: enqueueActions(({ enqueue, context, event, self }) => {
+            // The run's own step actors, as they are before this event.
+            const children = self.getSnapshot().children;
             const reopened: string[] = [];
             for (const id of context.order) {
               const status = context.steps[id]?.status;
               if (status !== 'FAILED_FINAL' && status !== 'CANCELLED') continue;
-              // A step machine that ended stays ended: a fresh one takes over its id.
-              enqueue({ type: 'reopenStep', params: { stepId: id, at: event.at } });
+              const old = endedStepContext(children[id], id);
+              // A step actor that ended stays ended: a fresh one takes over its id.
+              enqueue.stopChild(id);
+              enqueue.spawnChild('step', { id, input: reopenInput(old, event.at) });
               reopened.push(id);
             }
             const steps = { ...context.steps };
@@ -355,10 +439,7 @@ export const runMachine = setup({
             });
             for (const id of reopened) {
               if ((context.dependsOn[id] ?? []).every((d) => satisfied(steps[d]))) {
-                enqueue({
-                  type: 'toStep',
-                  params: { stepId: id, event: { type: 'deps.met', at: event.at } },
-                });
+                enqueue.sendTo(id, { type: 'deps.met', at: event.at } satisfies StepEvent);
               }
             }
           }),

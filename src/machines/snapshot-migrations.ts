@@ -6,11 +6,13 @@ import type { RunSnapshot } from './kernel.js';
 import {
   compactRunSnapshot,
   expandRunSnapshot,
+  joinRunParts,
+  runSnapshotDelta,
   type StoredRunSnapshot,
 } from './stored-snapshot.js';
 
 /** The schema version this release writes. */
-export const RUN_SNAPSHOT_SCHEMA_VERSION = 3;
+export const RUN_SNAPSHOT_SCHEMA_VERSION = 4;
 
 /** One step of the chain `from → from + 1`, structurally a persistence `SnapshotMigration`. */
 export interface RunSnapshotMigration {
@@ -39,6 +41,13 @@ export const runSnapshotMigrations: readonly RunSnapshotMigration[] = [
     to: 3,
     migrate: (snapshot) => compactRunSnapshot(snapshot as RunSnapshot),
   },
+  {
+    // v4: the same stored form, split over the snapshot's fields with step outputs kept apart
+    // (see stored-snapshot.ts); a v3 envelope's one field reads as it is and is split when written.
+    from: 3,
+    to: 4,
+    migrate: (snapshot) => snapshot,
+  },
 ];
 
 /** Everything a snapshot codec needs for run snapshots (`createSnapshotCodec(runSnapshotCodec)`). */
@@ -47,4 +56,5 @@ export const runSnapshotCodec = {
   migrations: runSnapshotMigrations,
   deflate: (snapshot: RunSnapshot): unknown => compactRunSnapshot(snapshot),
   parse: (stored: unknown): RunSnapshot => expandRunSnapshot(stored as StoredRunSnapshot),
+  layout: { delta: runSnapshotDelta, join: joinRunParts },
 };

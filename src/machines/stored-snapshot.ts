@@ -10,9 +10,10 @@
  *
  * A field this release does not know is kept as it is, so a newer field survives an older reader.
  */
+import { jsonText } from '../internal/json-text.js';
 import type { RunSnapshot } from './kernel.js';
-import type { RunContext } from './run-machine.js';
-import { isFinalStepStatus, type StepContext, type StepStatus } from './types.js';
+import { statusOf, type RunContext } from './run-machine.js';
+import { isFinalStepStatus, type StepContext, type StepStatus, type StepView } from './types.js';
 
 /** The stored form (schema version 3). */
 export interface StoredRunSnapshot {
@@ -46,6 +47,11 @@ const DEFAULTS: Readonly<Record<string, unknown>> = {
   causeStepId: null,
   abortedAttempt: null,
   agent: null,
+  pendingCall: null,
+  callDecisions: null,
+  pauses: 0,
+  fallback: null,
+  cachedFrom: null,
 };
 
 // The order a step machine lays its context out in, so an expanded snapshot reads the same.
@@ -64,6 +70,11 @@ const CONTEXT_ORDER = [
   'causeStepId',
   'abortedAttempt',
   'agent',
+  'pendingCall',
+  'callDecisions',
+  'pauses',
+  'fallback',
+  'cachedFrom',
   'updatedAt',
 ] as const;
 
@@ -139,6 +150,8 @@ export function expandRunSnapshot(stored: StoredRunSnapshot): RunSnapshot {
     children[id] = {
       snapshot: {
         status: isFinalStepStatus(v) ? 'done' : 'active',
+        output: undefined,
+        error: undefined,
         value: v,
         historyValue: {},
         context: context as unknown as StepContext,
@@ -150,9 +163,191 @@ export function expandRunSnapshot(stored: StoredRunSnapshot): RunSnapshot {
   }
   return {
     status: (stored.st ?? 'active') as RunSnapshot['status'],
+    output: undefined,
+    error: undefined,
     value: stored.v,
     historyValue: {},
     context: stored.c,
     children,
   };
+}
+
+/*
+ * The layout of schema version 4: the stored form split over the fields of the snapshot's HASH,
+ * so that a commit writes only what changed, and step outputs stored once, outside it.
+ *
+ *   plan      { order, dependsOn }                 written when the run is created
+ *   run       { v, st?, rs, c: the rest of the run context }   small, written by every commit
+ *   s:<step>  { v, r: retry policy, w?: the run's view when it differs, …other non-default fields }
+ *   outputs   (a HASH of its own) step id → the step's output as JSON, written once
+ *
+ * A commit thus writes the run field, the fields of the steps that moved, and the output of a step
+ * that succeeded: its size does not grow with the number of steps or with what earlier steps
+ * produced.
+ */
+
+/** The HASH field of the run's static part (step order and dependencies). */
+export const PLAN_PART = 'plan';
+/** The HASH field of the run's own state. */
+export const RUN_PART = 'run';
+/** The prefix of each step's HASH field. */
+export const STEP_PART_PREFIX = 's:';
+
+/** What a commit writes in the split layout. */
+export interface RunSnapshotDelta {
+  /** HASH fields of the snapshot to set (field → JSON). */
+  parts: Record<string, string>;
+  /** Step outputs to store (step id → JSON). */
+  outputs: Record<string, string>;
+  /** Step ids whose stored output is to be removed (their output became null). */
+  dropOutputs: string[];
+}
+
+/** The run part: the run's state without what grows with its steps (the views live in the steps). */
+interface StoredRunPart {
+  v: string;
+  st?: string;
+  /** The run's derived status, so that a reader can tell whether the run settled from this field alone. */
+  rs: string;
+  c: Omit<RunContext, 'order' | 'dependsOn' | 'steps'>;
+}
+
+function planPart(context: RunContext): string {
+  return JSON.stringify({ order: context.order, dependsOn: context.dependsOn });
+}
+
+function runPart(snapshot: RunSnapshot): string {
+  const { order: _order, dependsOn: _dependsOn, steps: _steps, ...rest } = snapshot.context;
+  const part: StoredRunPart = { v: snapshot.value, rs: statusOf(snapshot.context), c: rest };
+  if (snapshot.status !== 'active') part.st = snapshot.status;
+  return JSON.stringify(part);
+}
+
+type Child = RunSnapshot['children'][string];
+
+function stepPart(child: Child, view: StepView | undefined): string {
+  const { value, context } = child.snapshot;
+  const step: Record<string, unknown> = { v: value, r: context.retry };
+  const fields = context as unknown as Record<string, unknown>;
+  for (const field of CONTEXT_ORDER) {
+    if (field === 'stepId' || field === 'retry' || field === 'output') continue;
+    const fieldValue = fields[field];
+    if (fieldValue !== DEFAULTS[field] && fieldValue !== undefined) step[field] = fieldValue;
+  }
+  if (Object.keys(fields).length > CONTEXT_ORDER.length) {
+    for (const field of Object.keys(fields)) if (!KNOWN.has(field)) step[field] = fields[field];
+  }
+  if (view !== undefined && (view.status !== value || view.attempt !== context.attempt)) {
+    step['w'] = view;
+  }
+  return JSON.stringify(step);
+}
+
+/**
+ * What to write to go from `previous` (the snapshot stored at the expected version; undefined: the
+ * whole snapshot is written) to `next`. Steps whose persisted object is the same as before are not
+ * even serialized: a run held in memory keeps the object of every step that did not move.
+ */
+export function runSnapshotDelta(
+  previous: RunSnapshot | undefined,
+  next: RunSnapshot,
+): RunSnapshotDelta {
+  const parts: Record<string, string> = {};
+  const outputs: Record<string, string> = {};
+  const dropOutputs: string[] = [];
+  const ctx = next.context;
+  const prevCtx = previous?.context;
+  if (
+    prevCtx === undefined ||
+    ((prevCtx.order !== ctx.order || prevCtx.dependsOn !== ctx.dependsOn) &&
+      planPart(prevCtx) !== planPart(ctx))
+  ) {
+    parts[PLAN_PART] = planPart(ctx);
+  }
+  parts[RUN_PART] = runPart(next);
+  for (const id in next.children) {
+    const child = next.children[id] as Child;
+    const view = ctx.steps[id];
+    const before = previous?.children[id];
+    const output = child.snapshot.context.output;
+    if (before === undefined) {
+      parts[STEP_PART_PREFIX + id] = stepPart(child, view);
+      if (output !== null) outputs[id] = jsonText(output);
+      continue;
+    }
+    const prevView = prevCtx?.steps[id];
+    if (before !== child || prevView !== view) {
+      const text = stepPart(child, view);
+      if (text !== stepPart(before, prevView)) parts[STEP_PART_PREFIX + id] = text;
+    }
+    const prevOutput = before.snapshot.context.output;
+    if (output === prevOutput) continue;
+    if (output === null) dropOutputs.push(id);
+    else if (prevOutput === null || jsonText(output) !== jsonText(prevOutput)) {
+      outputs[id] = jsonText(output);
+    }
+  }
+  return { parts, outputs, dropOutputs };
+}
+
+/**
+ * The stored form (schema version 3's shape) that the HASH fields of the split layout and the
+ * run's stored outputs stand for. Throws when a part is missing or malformed.
+ */
+export function joinRunParts(
+  fields: Readonly<Record<string, string>>,
+  outputs: Readonly<Record<string, string>>,
+): StoredRunSnapshot {
+  const planText = fields[PLAN_PART];
+  const runText = fields[RUN_PART];
+  if (planText === undefined) throw new Error(`field "${PLAN_PART}" is missing`);
+  if (runText === undefined) throw new Error(`field "${RUN_PART}" is missing`);
+  const plan = JSON.parse(planText) as Pick<RunContext, 'order' | 'dependsOn'>;
+  const run = JSON.parse(runText) as StoredRunPart;
+  const policies: StepContext['retry'][] = [];
+  const steps: Record<string, StoredStep> = {};
+  const views: Record<string, StepView> = {};
+  for (const id of plan.order) {
+    const text = fields[STEP_PART_PREFIX + id];
+    if (text === undefined) throw new Error(`field "${STEP_PART_PREFIX}${id}" is missing`);
+    const {
+      r: retry,
+      w,
+      ...rest
+    } = JSON.parse(text) as Record<string, unknown> & {
+      v: StepStatus;
+      r: StepContext['retry'];
+      w?: StepView;
+      attempt?: number;
+    };
+    let r = policies.findIndex((p) => samePolicy(p, retry));
+    if (r < 0) r = policies.push(retry) - 1;
+    const step = { ...rest, r } as StoredStep;
+    const output = outputs[id];
+    if (output !== undefined) step['output'] = JSON.parse(output) as unknown;
+    steps[id] = step;
+    views[id] = w ?? { status: rest.v, attempt: rest.attempt ?? 0 };
+  }
+  const { runId, planName, ...rest } = run.c;
+  const context = {
+    runId,
+    planName,
+    order: plan.order,
+    dependsOn: plan.dependsOn,
+    steps: views,
+    ...rest,
+  };
+  const stored: StoredRunSnapshot = { v: run.v, c: context, r: policies, s: steps };
+  if (run.st !== undefined) stored.st = run.st;
+  return stored;
+}
+
+/** The run's derived status as a run part records it (null when the text is not one). */
+export function runPartStatus(text: string): string | null {
+  try {
+    const part = JSON.parse(text) as Partial<StoredRunPart>;
+    return typeof part.rs === 'string' ? part.rs : null;
+  } catch {
+    return null;
+  }
 }

@@ -1,7 +1,7 @@
 import type { SerializedError } from '../errors.js';
 import type { JsonValue } from '../internal/json.js';
 
-/** The nine states of a step (seed 002 §2). */
+/** The nine states of a step. */
 export const StepStatus = {
   PENDING: 'PENDING',
   READY: 'READY',
@@ -52,6 +52,8 @@ export const StepReason = {
   upstreamFailed: 'upstream_failed',
   /** The run was cancelled. */
   runCancelled: 'run_cancelled',
+  /** The primary failed finally, and so did its fallback. */
+  fallbackFailed: 'fallback_failed',
 } as const;
 
 /** Who decided on a gate, when, and why. */
@@ -62,11 +64,41 @@ export interface Decision {
 }
 
 /**
+ * A tool call that waits for a person's approval before it may run (its tool has risk level high
+ * or critical), identified by its ledger call id. Plain JSON.
+ */
+export interface PendingCall {
+  /** The call's ledger id: an approval covers this call and no other. */
+  callId: string;
+  /** The tool's identity (`name@version`). */
+  tool: string;
+  /** The parsed arguments the call would run with. */
+  args: JsonValue;
+  /** In an agent step: the model's tool call id and the turn whose reply asked for the call. */
+  toolCallId: string | null;
+  turn: number | null;
+  at: number;
+}
+
+/** A person's decision on one tool call of one attempt. */
+export interface CallDecision extends Decision {
+  callId: string;
+  attempt: number;
+  approved: boolean;
+}
+
+/**
  * Something that must happen outside the machines. The machines only plan; the actor host carries
  * these out (enqueue a job, schedule a delayed job, notify an approver, abort a running attempt).
  */
 export type PlannedAction =
-  | { type: 'step.execute'; stepId: string; attempt: number }
+  | {
+      type: 'step.execute';
+      stepId: string;
+      attempt: number;
+      /** Executions of this attempt paused for a tool call's approval so far (absent: none). */
+      pause?: number;
+    }
   | { type: 'step.scheduleRetry'; stepId: string; attempt: number; at: number; delayMs: number }
   | { type: 'step.requestApproval'; stepId: string }
   | { type: 'step.abort'; stepId: string; attempt: number };
@@ -117,7 +149,40 @@ export interface StepContext {
   abortedAttempt: number | null;
   /** A granular agent step's committed turns (null for every other step, and before turn 1). */
   agent: AgentProgress | null;
+  /** The tool call this step waits on in WAITING_APPROVAL (null when it waits on its gate). */
+  pendingCall: PendingCall | null;
+  /** Decisions on the current attempt's tool calls (null: none yet). */
+  callDecisions: CallDecision[] | null;
+  /**
+   * How many times the current attempt paused for a tool call's approval: each resumed execution
+   * is a unit of its own (its own job id).
+   */
+  pauses: number;
+  /** The step's fallback phase; null for a step without a fallback. */
+  fallback: FallbackPhase | null;
+  /** Where the step's output came from, when a cache entry gave it (no attempt ran). */
+  cachedFrom: CacheSource | null;
   updatedAt: number;
+}
+
+/**
+ * A step with a fallback: whether the fallback is the attempt that runs now (the primary failed
+ * finally), and the primary's last error, which the fallback is told.
+ */
+export interface FallbackPhase {
+  active: boolean;
+  primaryError: SerializedError | null;
+}
+
+/** The cache entry a step's output came from. */
+export interface CacheSource {
+  /** The run that stored the entry. */
+  runId: string;
+  /** When it was stored (epoch ms). */
+  storedAt: number;
+  cacheClass: 'deterministic' | 'stable_nondeterministic' | 'external';
+  /** An external entry's provenance. */
+  provenance: string | null;
 }
 
 /** How far a granular agent step has come: what its committed turns left behind. */
@@ -129,3 +194,6 @@ export interface AgentProgress {
   /** The fingerprint hash stored by the first turn; every later turn must match it. */
   fingerprint: string;
 }
+
+/** A step's report to its run: what its step actor sends its parent on entering a state. */
+export type StepReportedEvent = { type: 'step.reported' } & StepReport;

@@ -1,5 +1,5 @@
 /**
- * Durable blobs for large tool results (DESIGN §7, seed 000 §8.1). A result above the threshold is
+ * Durable blobs for large tool results. A result above the threshold is
  * stored once per run under its sha256 and replaced in the history by a reference
  * `<<FL_BLOB_REF:<id>:size=<n>>>`; a resumed step rehydrates the references. A missing blob fails
  * fast (`BlobMissingError`) unless the step opted into degraded replay, which puts a fixed marker

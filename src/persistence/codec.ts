@@ -38,6 +38,34 @@ export interface SnapshotFields {
   c?: string;
 }
 
+/** What a commit writes in a split layout (see {@link SnapshotLayout}). */
+export interface SnapshotDelta {
+  /** Fields of the snapshot's HASH to set, field → JSON (never `v`, `sv`, `s`, `u` or `c`). */
+  parts: Record<string, string>;
+  /** Values stored once outside the snapshot (step outputs), id → JSON. */
+  outputs: Record<string, string>;
+  /** Ids of stored outside values to remove. */
+  dropOutputs: string[];
+}
+
+/**
+ * A snapshot stored as several fields of its HASH, plus values kept outside it (a HASH of their
+ * own), so that a commit writes only the fields that changed. Envelopes of older schema versions
+ * (one `s` field) are still read, through the migrations.
+ */
+export interface SnapshotLayout<S> {
+  /** What to write to go from `previous` (undefined: nothing known, write everything) to `next`. */
+  delta(previous: S | undefined, next: S): SnapshotDelta;
+  /** The stored form (as `parse` takes it) the fields and the outside values stand for. */
+  join(
+    fields: Readonly<Record<string, string>>,
+    outside: Readonly<Record<string, string>>,
+  ): unknown;
+}
+
+/** The envelope's own fields of the snapshot HASH; every other field is a part of a split layout. */
+export const ENVELOPE_FIELDS: ReadonlySet<string> = new Set(['v', 'sv', 's', 'u', 'c']);
+
 /** One step of the snapshot schema: turns a snapshot of schema `from` into one of schema `to` (= from + 1). */
 export interface SnapshotMigration {
   /** The schema version this migration reads. */
@@ -72,6 +100,12 @@ export interface SnapshotCodecOptions<S = unknown> {
    * @defaultValue the identity
    */
   deflate?: (snapshot: S) => unknown;
+  /**
+   * Stores the snapshot of this schema version split over several fields (see
+   * {@link SnapshotLayout}); `parse` then takes what `join` returns.
+   * @defaultValue one field `s` with the whole (deflated) snapshot
+   */
+  layout?: SnapshotLayout<S>;
 }
 
 /** Encodes and decodes snapshot envelopes of one schema version. */
@@ -84,8 +118,17 @@ export interface SnapshotCodec<S = unknown> {
   encodeSnapshot(snapshot: S): string;
   /** The HASH fields of an envelope; `snapshotJson` skips re-serializing an already encoded snapshot. */
   encode(envelope: SnapshotEnvelope<S>, snapshotJson?: string): SnapshotFields;
-  /** Decodes HASH fields into an envelope of the current schema, applying migrations in order. */
-  decode(runId: string, fields: Readonly<Partial<SnapshotFields>>): SnapshotEnvelope<S>;
+  /** The split layout of the current schema version, if it has one. */
+  readonly layout: SnapshotLayout<S> | undefined;
+  /**
+   * Decodes HASH fields into an envelope of the current schema, applying migrations in order;
+   * `outside` holds the values a split layout keeps outside the snapshot.
+   */
+  decode(
+    runId: string,
+    fields: Readonly<Partial<SnapshotFields>> | Readonly<Record<string, string>>,
+    outside?: Readonly<Record<string, string>>,
+  ): SnapshotEnvelope<S>;
 }
 
 const NON_NEGATIVE_INT = /^(0|[1-9][0-9]*)$/;
@@ -179,9 +222,11 @@ export function createSnapshotCodec<S = unknown>(
   const encodeSnapshot = (snapshot: S): string =>
     toJson(deflate === undefined ? snapshot : deflate(snapshot), 'snapshot');
 
+  const layout = options.layout;
   return {
     schemaVersion,
     oldestSchemaVersion,
+    layout,
     encodeSnapshot,
     encode(envelope, snapshotJson) {
       return {
@@ -192,7 +237,7 @@ export function createSnapshotCodec<S = unknown>(
         ...(envelope.carrier === undefined ? {} : { c: envelope.carrier }),
       };
     },
-    decode(runId, fields) {
+    decode(runId, fields, outside = {}) {
       const version = intField(runId, fields, 'v', 'version');
       const storedSchema = intField(runId, fields, 'sv', 'schemaVersion');
       const updatedAt = intField(runId, fields, 'u', 'updatedAt');
@@ -206,14 +251,25 @@ export function createSnapshotCodec<S = unknown>(
         );
       }
       const raw = fields.s;
-      if (raw === undefined)
-        throw new SnapshotCorruptError(runId, 'field "s" (snapshot) is missing');
       let snapshot: unknown;
-      try {
-        snapshot = JSON.parse(raw);
-      } catch (cause) {
-        const reason = cause instanceof Error ? cause.message : String(cause);
-        throw new SnapshotCorruptError(runId, `snapshot is not JSON (${reason})`, { cause });
+      if (raw === undefined && layout !== undefined && storedSchema === schemaVersion) {
+        try {
+          snapshot = layout.join(fields, outside);
+        } catch (cause) {
+          const reason = cause instanceof Error ? cause.message : String(cause);
+          throw new SnapshotCorruptError(runId, `snapshot fields do not fit together: ${reason}`, {
+            cause,
+          });
+        }
+      } else if (raw === undefined) {
+        throw new SnapshotCorruptError(runId, 'field "s" (snapshot) is missing');
+      } else {
+        try {
+          snapshot = JSON.parse(raw);
+        } catch (cause) {
+          const reason = cause instanceof Error ? cause.message : String(cause);
+          throw new SnapshotCorruptError(runId, `snapshot is not JSON (${reason})`, { cause });
+        }
       }
       for (let from = storedSchema; from < schemaVersion; from++) {
         const m = byFrom.get(from) as SnapshotMigration;

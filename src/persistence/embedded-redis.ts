@@ -97,6 +97,8 @@ function oneShotClient(url: string, connectTimeout: number): Redis {
   const client = new Redis(url, {
     lazyConnect: true,
     connectTimeout,
+    // A server that accepts connections and never answers (or is paused) fails in time too.
+    commandTimeout: connectTimeout,
     maxRetriesPerRequest: 0,
     enableOfflineQueue: false,
     retryStrategy: () => null,

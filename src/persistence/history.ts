@@ -1,5 +1,5 @@
 /**
- * Conversation history (DESIGN §7): one append-only Redis LIST per run and step, one message per
+ * Conversation history: one append-only Redis LIST per run and step, one message per
  * element, as JSON. The run snapshot keeps a cursor (the history's length after its last commit),
  * never a copy. A message read back equals the message appended.
  *
@@ -16,7 +16,7 @@ import {
   InvariantError,
   SnapshotCorruptError,
 } from '../errors.js';
-import { chatMessageSchema, type ChatMessage } from '../llm/messages.js';
+import { chatMessageSchema, type ChatMessage } from '../schemas/messages.js';
 import { zodIssuesToValidationIssues } from '../schemas/issues.js';
 import { createKeys } from './keys.js';
 import { classifyRedisError } from './redis-errors.js';

@@ -5,7 +5,7 @@
  * script, so every usage key (the run's too) lives in the tenant's hash tag `{t:<tenantId>}`.
  */
 import { InputValidationError } from '../errors.js';
-import { STEP_ID_PATTERN } from '../plan/schema.js';
+import { STEP_ID_PATTERN } from '../internal/ids.js';
 
 /** The default key prefix. */
 export const DEFAULT_KEY_PREFIX = 'flujo';
@@ -18,8 +18,18 @@ export const RUN_ID_PATTERN = /^[^{}]{1,200}$/;
 
 /** The kinds of per-run keys, each the last segment of `<prefix>:{<runId>}:<kind>`. */
 export const RunKeyKind = {
-  /** HASH: the snapshot envelope (`v`, `sv`, `s`, `u`). */
+  /**
+   * HASH: the snapshot envelope (`v`, `sv`, `u`, `c`) and the snapshot's parts (`run`, `plan`,
+   * `s:<stepId>`; before schema version 4 the whole snapshot in `s`).
+   */
   Snap: 'snap',
+  /** HASH: step id → the step's output as JSON, written once, outside the snapshot. */
+  Outputs: 'outputs',
+  /**
+   * STRING: written when a finished run is given its expiry, kept longer than the run: the run
+   * was removed by retention (not never there). Holds the finish time and the retention.
+   */
+  Removed: 'removed',
   /** STREAM: the run's event log. */
   Events: 'events',
   /** The tool-call ledger. */
@@ -40,6 +50,16 @@ export const RunKeyKind = {
   Fingerprints: 'fingerprints',
   /** Pub/sub channel (no key): a run's streamed reply text. */
   Chunks: 'chunks',
+  /**
+   * HASH: field `<stepId>` → `<attempt> <pause> <epochMs> <worker> <turn|-> <host> <pid>`, the
+   * execution a worker started last for the step (a READY step's, or a turn's), not yet committed;
+   * read by status, and by the next worker to tell a unit taken over.
+   */
+  Started: 'started',
+  /** LIST: the runs that replay this one, one JSON `{ runId, mode, at }` per replay, oldest first. */
+  Replays: 'replays',
+  /** HASH: field `<stepId>` → the latest progress the step's operator reported (JSON). */
+  Progress: 'progress',
 } as const;
 /** A value of {@link RunKeyKind}. */
 export type RunKeyKind = (typeof RunKeyKind)[keyof typeof RunKeyKind];
@@ -54,6 +74,10 @@ export interface Keys {
   snap(runId: string): string;
   /** The run's event stream (STREAM). */
   events(runId: string): string;
+  /** The run's step outputs (HASH: step id → JSON). */
+  outputs(runId: string): string;
+  /** The run's retention tombstone (STRING, see `RunKeyKind.Removed`). */
+  removed(runId: string): string;
   /**
    * The run's tool-call ledger: `<prefix>:{<runId>}:ledger`, or with a tenant
    * `<prefix>:{<runId>}:ledger:<tenantId>` (the tenant after the hash tag keeps the run in one slot).
@@ -79,6 +103,10 @@ export interface Keys {
   counters(runId: string): string;
   /** The fingerprint parts of the run's granular agent steps (HASH). */
   fingerprints(runId: string): string;
+  /** The executions workers started for READY steps (HASH, see `RunKeyKind.Started`). */
+  started(runId: string): string;
+  /** The runs that replay this one (LIST, see `RunKeyKind.Replays`). */
+  replays(runId: string): string;
   /**
    * The tenant's quota and usage: `<prefix>:{t:<tenantId>}:quota` (HASH: `maxTokens` and
    * `maxMicroUsd`, absent = unlimited; `reservedTokens`, `reservedMicroUsd`, `spentTokens`,
@@ -96,6 +124,12 @@ export interface Keys {
    */
   reservations(tenantId: string): string;
   /**
+   * The reservation records of finished runs, due for removal from the tenant's reservations once
+   * their run expired: `<prefix>:{t:<tenantId>}:reservations-expiring` (ZSET: score = when, member
+   * = `{"runId":…,"ids":[…]}`).
+   */
+  expiringReservations(tenantId: string): string;
+  /**
    * The reservation ids of one run in creation order (LIST):
    * `<prefix>:{t:<tenantId>}:reservations:<runId>`, in the tenant's hash tag.
    */
@@ -107,6 +141,22 @@ export interface Keys {
   openReservations(tenantId: string, runId: string): string;
   /** SET of runs that have not ended: a starting worker re-enqueues their work. Not run-scoped. */
   activeRuns(): string;
+  /**
+   * One cached step output: `<prefix>:{t:<tenantId>}:cache:<hash>` (STRING, JSON; TTL = the
+   * cache's retention, or an external entry's `ttlMs`).
+   */
+  cacheEntry(tenantId: string, hash: string): string;
+  /**
+   * The output hash a deterministic step stored: `<prefix>:{t:<tenantId>}:cache-digest:<hash>`
+   * (STRING; kept longer than the entry, so a re-run after the entry expired is still checked).
+   */
+  cacheDigest(tenantId: string, hash: string): string;
+  /** ZSET of every run by start time (the run list): `{<prefix>:runs}:index`. Not run-scoped. */
+  runIndex(): string;
+  /** HASH beside {@link Keys.runIndex}: what the list shows of each run. Not run-scoped. */
+  runInfo(): string;
+  /** The run's latest progress per step (HASH, see `RunKeyKind.Progress`). */
+  progress(runId: string): string;
   /** STRING: the run id a request key maps to, per tenant. Not run-scoped. */
   requestKey(tenantId: string, requestKey: string): string;
   /** The BullMQ key prefix: hash-tagged, so every queue key shares one Redis Cluster slot. */
@@ -131,6 +181,16 @@ export function assertTenantId(tenantId: unknown, field = 'tenantId'): asserts t
 
 /** What a blob id looks like: the sha256 of the content, 64 lowercase hex digits. */
 export const BLOB_ID_PATTERN = /^[0-9a-f]{64}$/;
+
+/** A cache key hash: 64 lowercase hex digits, checked before it goes into a key. */
+function cacheHash(hash: string): string {
+  if (!BLOB_ID_PATTERN.test(hash)) {
+    throw new InputValidationError('cache key', [
+      { path: 'hash', message: `must be a sha256 in lowercase hex, got ${JSON.stringify(hash)}` },
+    ]);
+  }
+  return hash;
+}
 
 /** Throws {@link InputValidationError} naming `field` unless `blobId` is a valid blob id. */
 export function assertBlobId(blobId: unknown, field = 'blobId'): asserts blobId is string {
@@ -202,6 +262,8 @@ export function createKeys(prefix: string = DEFAULT_KEY_PREFIX): Keys {
     runKey,
     snap: (runId) => runKey(runId, RunKeyKind.Snap),
     events: (runId) => runKey(runId, RunKeyKind.Events),
+    outputs: (runId) => runKey(runId, RunKeyKind.Outputs),
+    removed: (runId) => runKey(runId, RunKeyKind.Removed),
     ledger: (runId, tenantId) => {
       const key = runKey(runId, RunKeyKind.Ledger);
       if (tenantId === undefined) return key;
@@ -223,6 +285,8 @@ export function createKeys(prefix: string = DEFAULT_KEY_PREFIX): Keys {
     meta: (runId) => runKey(runId, RunKeyKind.Meta),
     counters: (runId) => runKey(runId, RunKeyKind.Counters),
     fingerprints: (runId) => runKey(runId, RunKeyKind.Fingerprints),
+    started: (runId) => runKey(runId, RunKeyKind.Started),
+    replays: (runId) => runKey(runId, RunKeyKind.Replays),
     tenantQuota: (tenantId) => tenantKey(tenantId, 'quota'),
     runUsage: (tenantId, runId) => {
       const key = tenantKey(tenantId, 'usage');
@@ -230,6 +294,7 @@ export function createKeys(prefix: string = DEFAULT_KEY_PREFIX): Keys {
       return `${key}:${runId}`;
     },
     reservations: (tenantId) => tenantKey(tenantId, 'reservations'),
+    expiringReservations: (tenantId) => tenantKey(tenantId, 'reservations-expiring'),
     runReservations: (tenantId, runId) => {
       const key = tenantKey(tenantId, 'reservations');
       assertRunId(runId);
@@ -240,7 +305,12 @@ export function createKeys(prefix: string = DEFAULT_KEY_PREFIX): Keys {
       assertRunId(runId);
       return `${key}:${runId}`;
     },
+    cacheEntry: (tenantId, hash) => `${tenantKey(tenantId, 'cache')}:${cacheHash(hash)}`,
+    cacheDigest: (tenantId, hash) => `${tenantKey(tenantId, 'cache-digest')}:${cacheHash(hash)}`,
     activeRuns: () => `${prefix}:active-runs`,
+    runIndex: () => `{${prefix}:runs}:index`,
+    runInfo: () => `{${prefix}:runs}:info`,
+    progress: (runId) => runKey(runId, RunKeyKind.Progress),
     requestKey: (tenantId, requestKey) => {
       assertTenantId(tenantId);
       if (typeof requestKey !== 'string' || requestKey.length === 0 || requestKey.length > 512) {

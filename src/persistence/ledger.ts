@@ -97,6 +97,21 @@ export type LedgerResolutionInput = { succeeded: JsonValue } | { retry: true };
 /** What {@link Ledger.record} writes: the receipt of a read-only call that ran, or its error. */
 export type RecordedOutcome = { receipt: JsonValue } | { error: SerializedError };
 
+/**
+ * The receipt of a read-only call, to be written by a snapshot commit (see
+ * `CommitOptions.ledgerRecords`) instead of a write of its own: what `Ledger.record` writes, as
+ * the commit script takes it.
+ */
+export interface LedgerRecordOp {
+  /** The ledger hash of the run and tenant. */
+  key: string;
+  callId: string;
+  /** The new entry as JSON (SUCCEEDED, runs 1); its seq and times are set when written. */
+  entry: string;
+  tool: string;
+  argsHash: string;
+}
+
 /** Options of {@link Ledger.markRunning}. */
 export interface MarkRunningOptions {
   /**
@@ -138,6 +153,12 @@ export interface Ledger {
    * `NonDeterminismError` when the entry has another tool or other arguments.
    */
   record(call: PrepareCall, outcome: RecordedOutcome): Promise<LedgerWriteResult>;
+  /**
+   * What {@link Ledger.record} would write for a read-only call's receipt, as a write a snapshot
+   * commit of the same run makes (the ledger is in the run's hash tag), and the entry it writes.
+   * Nothing is written here. Throws `InputValidationError` for a receipt that is not plain JSON.
+   */
+  recordOp(call: PrepareCall, receipt: JsonValue): { op: LedgerRecordOp; entry: LedgerEntry };
   /** Extends the lease, only while RUNNING with run number `runs`. */
   renewLease(
     runId: string,
@@ -402,6 +423,19 @@ export function createLedger(options: LedgerOptions): Ledger {
       const reply = await run('record', runId, tenantId, callId, [fresh, tool, hash]);
       const checked = runningOrRecorded(reply, { runId, tenantId, callId, tool, hash });
       return { entry: checked, applied: reply.status === 'recorded' };
+    },
+
+    recordOp(call, receipt) {
+      const { runId, tenantId, callId, tool } = call;
+      checkCallId(callId);
+      assertPlainJson(receipt, 'tool receipt', 'receipt');
+      const over = { state: LedgerState.Succeeded, receipt: JSON.stringify(receipt), runs: 1 };
+      const { fresh, hash } = freshEntry(call, over);
+      const key = keys.ledger(runId, tenantId);
+      return {
+        op: { key, callId, entry: fresh, tool, argsHash: hash },
+        entry: decodeEntry(fresh),
+      };
     },
 
     async prepare(call) {

@@ -1,5 +1,5 @@
 /**
- * The model journal (DESIGN §3 step 5): every model reply of a granular agent turn is recorded
+ * The model journal: every model reply of a granular agent turn is recorded
  * before any tool of that turn runs, so a worker that dies after the model call never re-asks the
  * model and never produces different tool calls for the same turn. One Redis HASH per run (the
  * `journal` key), field `<stepId>:<turn>`, value the reply as JSON. The first recorded reply of a
@@ -7,7 +7,7 @@
  */
 import type { Redis } from 'ioredis';
 import { InputValidationError, InvariantError, SnapshotCorruptError } from '../errors.js';
-import { modelReplySchema, type ModelReply } from '../llm/messages.js';
+import { modelReplySchema, type ModelReply } from '../schemas/messages.js';
 import { zodIssuesToValidationIssues } from '../schemas/issues.js';
 import { assertStepId, createKeys } from './keys.js';
 import { classifyRedisError } from './redis-errors.js';
@@ -44,10 +44,37 @@ export interface ModelJournal {
   /** The replies of turns `0 … count - 1` of the step, in one read (null for a turn without one). */
   replies(runId: string, stepId: string, count: number): Promise<(ModelReply | null)[]>;
   /**
+   * Records the model replies an atomic agent step's attempt got so far, in order, when the
+   * attempt pauses for a tool call's approval: the execution that resumes replays them, reaches
+   * the same call and asks the model nothing it was already asked. One field per attempt,
+   * `<stepId>#<attempt>`, rewritten by each pause of the attempt (each holds the last as prefix).
+   */
+  recordAttempt(
+    runId: string,
+    stepId: string,
+    attempt: number,
+    replies: readonly ModelReply[],
+  ): Promise<void>;
+  /** The replies {@link recordAttempt} recorded for the attempt (empty when none). */
+  attemptReplies(runId: string, stepId: string, attempt: number): Promise<ModelReply[]>;
+  /**
    * Deletes the replies of step `stepId` from turn `fromTurn` on (for tests and maintenance: a
    * live run relies on its journal). Returns how many were deleted.
    */
   drop(runId: string, stepId: string, fromTurn: number): Promise<number>;
+  /** Every reply the run's journal holds, by step then turn (or attempt), in one read. */
+  list(runId: string): Promise<JournaledReply[]>;
+}
+
+/** One reply as {@link ModelJournal.list} reads it. */
+export interface JournaledReply {
+  stepId: string;
+  /** The granular turn (0-based) it answered, or null for an atomic step's paused attempt. */
+  turn: number | null;
+  /** The atomic step's attempt whose replies these are, or null for a granular turn. */
+  attempt: number | null;
+  /** The turn's reply; for an atomic attempt, its replies in order. */
+  replies: ModelReply[];
 }
 
 /*
@@ -221,5 +248,110 @@ export function createModelJournal(options: ModelJournalOptions): ModelJournal {
     return raws.map((raw, turn) => (raw === null ? null : decode(runId, stepId, turn, raw)));
   }
 
-  return { record, get, replies, drop };
+  /*
+   * recordAttempt: one field `<stepId>#<attempt>` (step ids never hold '#', so it never meets a
+   * turn's field), the replies as a JSON array.
+   *   Written keys:  journal (HSET field)
+   */
+  async function recordAttempt(
+    runId: string,
+    stepId: string,
+    attempt: number,
+    list: readonly ModelReply[],
+  ): Promise<void> {
+    assertStepId(stepId);
+    assertTurn(attempt, 'attempt');
+    const parsed = list.map((reply, i) => {
+      const r = modelReplySchema.safeParse(reply);
+      if (!r.success) {
+        throw new InputValidationError(
+          'model reply',
+          zodIssuesToValidationIssues(r.error.issues, `replies[${i}]`),
+        );
+      }
+      return r.data;
+    });
+    try {
+      await redis.hset(keys.journal(runId), `${stepId}#${attempt}`, JSON.stringify(parsed));
+    } catch (error) {
+      throw classifyRedisError(error, redis);
+    }
+  }
+
+  /*
+   * attemptReplies: reads what recordAttempt wrote.
+   *   Reads:    journal (HGET field)
+   */
+  async function attemptReplies(
+    runId: string,
+    stepId: string,
+    attempt: number,
+  ): Promise<ModelReply[]> {
+    assertStepId(stepId);
+    assertTurn(attempt, 'attempt');
+    let raw: string | null;
+    try {
+      raw = await redis.hget(keys.journal(runId), `${stepId}#${attempt}`);
+    } catch (error) {
+      throw classifyRedisError(error, redis);
+    }
+    if (raw === null) return [];
+    let json: unknown;
+    try {
+      json = JSON.parse(raw);
+    } catch (error) {
+      throw new SnapshotCorruptError(
+        runId,
+        `model journal entry of step "${stepId}" attempt ${attempt} is not JSON`,
+        { cause: error },
+      );
+    }
+    if (!Array.isArray(json)) {
+      throw new SnapshotCorruptError(
+        runId,
+        `model journal entry of step "${stepId}" attempt ${attempt} is not a list of replies`,
+      );
+    }
+    return json.map((r, turn) => decode(runId, stepId, turn, JSON.stringify(r)));
+  }
+
+  /*
+   * list: reads the whole journal.
+   *   Reads:    journal (HGETALL)
+   *   Returns:  fields `<stepId>:<turn>` and `<stepId>#<attempt>`, decoded and sorted
+   *   Throws:   SnapshotCorruptError, RedisUnavailableError
+   */
+  async function list(runId: string): Promise<JournaledReply[]> {
+    let raw: Record<string, string>;
+    try {
+      raw = await redis.hgetall(keys.journal(runId));
+    } catch (error) {
+      throw classifyRedisError(error, redis);
+    }
+    const out: JournaledReply[] = [];
+    for (const [field, value] of Object.entries(raw)) {
+      const turnAt = field.lastIndexOf(':');
+      const attemptAt = field.lastIndexOf('#');
+      if (attemptAt > turnAt) {
+        const stepId = field.slice(0, attemptAt);
+        const attempt = Number(field.slice(attemptAt + 1));
+        out.push({
+          stepId,
+          turn: null,
+          attempt,
+          replies: await attemptReplies(runId, stepId, attempt),
+        });
+      } else if (turnAt > 0) {
+        const stepId = field.slice(0, turnAt);
+        const turn = Number(field.slice(turnAt + 1));
+        out.push({ stepId, turn, attempt: null, replies: [decode(runId, stepId, turn, value)] });
+      }
+    }
+    return out.sort(
+      (a, b) =>
+        a.stepId.localeCompare(b.stepId) || (a.turn ?? a.attempt ?? 0) - (b.turn ?? b.attempt ?? 0),
+    );
+  }
+
+  return { record, get, replies, drop, recordAttempt, attemptReplies, list };
 }

@@ -9,7 +9,7 @@
  */
 
 /** Bump when a script changes meaning, so clients never mix versions under one command name. */
-export const QUOTA_SCRIPT_VERSION = 2;
+export const QUOTA_SCRIPT_VERSION = 3;
 
 const PRELUDE = `
 local function now_ms(arg)
@@ -24,8 +24,9 @@ local function arg_limit(v) if v == '' then return nil end return tonumber(v) en
 `;
 
 /*
- * reserve: records a reservation and adds it to the reserved counters of the run and the tenant,
- * unless the id exists (returned unchanged) or a limit would be exceeded (nothing written).
+ * reserve: records a reservation and adds it to the reserved counters of the run, of its step (in
+ * the run's usage, fields `step:<stepId>:reservedTokens` …) and of the tenant, unless the id exists
+ * (returned unchanged) or a limit would be exceeded (nothing written).
  *   KEYS[1]  the tenant's reservations (HASH id → record)
  *   KEYS[2]  the run's reservation ids (LIST, creation order)
  *   KEYS[3]  the run's usage (HASH)        KEYS[4] the tenant's quota (HASH)
@@ -34,32 +35,37 @@ local function arg_limit(v) if v == '' then return nil end return tonumber(v) en
  *   ARGV[3]  tokens requested              ARGV[4] micro-USD requested
  *   ARGV[5]  the run's maxTokens or ''     ARGV[6] the run's maxMicroUsd or ''
  *   ARGV[7]  now in ms, '' = Redis clock
+ *   ARGV[8]  the step's maxTokens or ''    ARGV[9] the step's maxMicroUsd or ''
  *   Returns  {'created', record, others} (others: how many other reservations of the run are
  *            open) | {'existing', record} |
- *            {'denied', '', scope, limit, limitValue, spent, reserved, requested} (run limits are
- *            checked before the tenant's, tokens before cost; the first exceeded one is named)
+ *            {'denied', '', scope, limit, limitValue, spent, reserved, requested} (the step's
+ *            limits are checked first, then the run's, then the tenant's, tokens before cost; the
+ *            first exceeded one is named)
  */
 const RESERVE = `
 local existing = redis.call('HGET', KEYS[1], ARGV[1])
 if existing then return {'existing', existing} end
+local e = cjson.decode(ARGV[2])
+local sp = 'step:' .. e.stepId .. ':'
 local checks = {
-  {'run', KEYS[3], 'maxTokens', arg_limit(ARGV[5]), 'Tokens', ARGV[3]},
-  {'run', KEYS[3], 'maxCostUsd', arg_limit(ARGV[6]), 'MicroUsd', ARGV[4]},
-  {'tenant', KEYS[4], 'maxTokens', limit_of(KEYS[4], 'maxTokens'), 'Tokens', ARGV[3]},
-  {'tenant', KEYS[4], 'maxCostUsd', limit_of(KEYS[4], 'maxMicroUsd'), 'MicroUsd', ARGV[4]},
+  {'step', KEYS[3], 'maxTokens', arg_limit(ARGV[8]), sp, 'Tokens', ARGV[3]},
+  {'step', KEYS[3], 'maxCostUsd', arg_limit(ARGV[9]), sp, 'MicroUsd', ARGV[4]},
+  {'run', KEYS[3], 'maxTokens', arg_limit(ARGV[5]), '', 'Tokens', ARGV[3]},
+  {'run', KEYS[3], 'maxCostUsd', arg_limit(ARGV[6]), '', 'MicroUsd', ARGV[4]},
+  {'tenant', KEYS[4], 'maxTokens', limit_of(KEYS[4], 'maxTokens'), '', 'Tokens', ARGV[3]},
+  {'tenant', KEYS[4], 'maxCostUsd', limit_of(KEYS[4], 'maxMicroUsd'), '', 'MicroUsd', ARGV[4]},
 }
 for _, c in ipairs(checks) do
   local limit = c[4]
   if limit ~= nil then
-    local spent = counter(c[2], 'spent' .. c[5])
-    local reserved = counter(c[2], 'reserved' .. c[5])
-    local requested = tonumber(c[6])
+    local spent = counter(c[2], c[5] .. 'spent' .. c[6])
+    local reserved = counter(c[2], c[5] .. 'reserved' .. c[6])
+    local requested = tonumber(c[7])
     if spent + reserved + requested > limit then
       return {'denied', '', c[1], c[3], int(limit), int(spent), int(reserved), int(requested)}
     end
   end
 end
-local e = cjson.decode(ARGV[2])
 e.seq = redis.call('RPUSH', KEYS[2], ARGV[1])
 e.createdAt = now_ms(ARGV[7])
 local raw = cjson.encode(e)
@@ -70,6 +76,8 @@ for _, key in ipairs({KEYS[3], KEYS[4]}) do
   redis.call('HINCRBY', key, 'reservedTokens', ARGV[3])
   redis.call('HINCRBY', key, 'reservedMicroUsd', ARGV[4])
 end
+redis.call('HINCRBY', KEYS[3], sp .. 'reservedTokens', ARGV[3])
+redis.call('HINCRBY', KEYS[3], sp .. 'reservedMicroUsd', ARGV[4])
 -- The run's limits as its latest reservation gave them, for usage().
 for i, field in ipairs({'maxTokens', 'maxMicroUsd'}) do
   if ARGV[4 + i] == '' then
@@ -102,7 +110,8 @@ return {'applied', raw}
 
 /*
  * reconcile: settles a reservation, exactly once. Releases exactly its reserved amounts from the
- * run's and the tenant's reserved counters and adds the charge to their spent counters.
+ * reserved counters of the run, of its step and of the tenant, and adds the charge to their spent
+ * counters.
  *   KEYS[1]  the tenant's reservations     KEYS[2] the run's usage   KEYS[3] the tenant's quota
  *   KEYS[4]  the run's open reservation ids (SET)
  *   ARGV[1]  reservation id                ARGV[2] the run id KEYS[2] was built for
@@ -137,11 +146,13 @@ e.reconciledAt = now_ms(ARGV[7])
 raw = cjson.encode(e)
 redis.call('HSET', KEYS[1], ARGV[1], raw)
 redis.call('SREM', KEYS[4], ARGV[1])
-for _, key in ipairs({KEYS[2], KEYS[3]}) do
-  redis.call('HINCRBY', key, 'reservedTokens', int(-e.reservedTokens))
-  redis.call('HINCRBY', key, 'reservedMicroUsd', int(-e.reservedMicroUsd))
-  redis.call('HINCRBY', key, 'spentTokens', int(input + output))
-  redis.call('HINCRBY', key, 'spentMicroUsd', int(micro))
+local sp = 'step:' .. e.stepId .. ':'
+for _, c in ipairs({{KEYS[2], ''}, {KEYS[3], ''}, {KEYS[2], sp}}) do
+  local key, p = c[1], c[2]
+  redis.call('HINCRBY', key, p .. 'reservedTokens', int(-e.reservedTokens))
+  redis.call('HINCRBY', key, p .. 'reservedMicroUsd', int(-e.reservedMicroUsd))
+  redis.call('HINCRBY', key, p .. 'spentTokens', int(input + output))
+  redis.call('HINCRBY', key, p .. 'spentMicroUsd', int(micro))
 end
 return {'applied', raw}
 `;

@@ -1,5 +1,5 @@
 /**
- * Usage reservations and quotas (DESIGN §6, P5): before a model call its estimate is reserved
+ * Usage reservations and quotas: before a model call its estimate is reserved
  * against the run's budget and the tenant's quota in one atomic step; after it, the reservation is
  * reconciled exactly once, with the provider's usage, the baseline input when the request went out
  * and no reply came (never refunded), or zero when nothing was sent.
@@ -71,6 +71,8 @@ export interface ReserveRequest {
   turn: number;
   estimate: UsageEstimate;
   runLimits?: RunUsageLimits;
+  /** The step's own limits (its `budgets`), over every reservation of the step in the run. */
+  stepLimits?: RunUsageLimits;
   /** Epoch ms to record; defaults to the store's clock. */
   at?: number;
 }
@@ -367,6 +369,7 @@ export function createQuotaStore(options: QuotaStoreOptions): QuotaStore {
     async reserve(request) {
       const { reservationId, tenantId, runId, stepId, turn, estimate } = request;
       const limits = request.runLimits ?? {};
+      const stepLimits = request.stepLimits ?? {};
       const idsKey = keys.runReservations(tenantId, runId);
       checkReservationId(reservationId);
       assertStepId(stepId);
@@ -384,6 +387,8 @@ export function createQuotaStore(options: QuotaStoreOptions): QuotaStore {
       );
       checkLimit(limits.maxTokens, 'runLimits.maxTokens');
       checkLimit(limits.maxMicroUsd, 'runLimits.maxMicroUsd');
+      checkLimit(stepLimits.maxTokens, 'stepLimits.maxTokens');
+      checkLimit(stepLimits.maxMicroUsd, 'stepLimits.maxMicroUsd');
       const fresh: Reservation = {
         id: reservationId, tenantId, runId, stepId, turn, state: ReservationState.Reserved,
         estimate: { inputTokens, outputTokens, microUsd, baselineMicroUsd },
@@ -404,6 +409,8 @@ export function createQuotaStore(options: QuotaStoreOptions): QuotaStore {
         limits.maxTokens === undefined ? '' : String(limits.maxTokens),
         limits.maxMicroUsd === undefined ? '' : String(limits.maxMicroUsd),
         now(request.at),
+        stepLimits.maxTokens === undefined ? '' : String(stepLimits.maxTokens),
+        stepLimits.maxMicroUsd === undefined ? '' : String(stepLimits.maxMicroUsd),
       ]);
       const [status, raw, ...denial] = reply;
       if (status === 'denied') {
@@ -417,6 +424,7 @@ export function createQuotaStore(options: QuotaStoreOptions): QuotaStore {
           requested: Number(requested),
           runId,
           tenantId,
+          ...(scope === 'step' ? { stepId } : {}),
         };
         throw new UsageLimitExceededError(info);
       }

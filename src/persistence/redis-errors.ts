@@ -2,6 +2,7 @@
  * Classifies errors from ioredis, once, where they enter the runtime: connection-level failures
  * become a retryable {@link RedisUnavailableError}; everything else passes through unchanged.
  */
+import { AsyncLocalStorage } from 'node:async_hooks';
 import type { Redis } from 'ioredis';
 import { FlujoError, RedisUnavailableError } from '../errors.js';
 
@@ -81,4 +82,115 @@ export function classifyRedisError(
     `Redis at ${describeRedisTarget(redis)} is unavailable (${reason}). Check that the server is running and that REDIS_URL points at it.`,
     { cause: error },
   );
+}
+
+/** How long a Redis call may go unanswered before it fails with RedisUnavailableError, in ms. */
+export const DEFAULT_REDIS_TIMEOUT_MS = 2000;
+
+/** Checks a `redisTimeoutMs` value; returns the default when it is undefined. */
+export function checkRedisTimeout(value: unknown, field: string): number {
+  if (value === undefined) return DEFAULT_REDIS_TIMEOUT_MS;
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < 100 || value > 600_000) {
+    throw new RangeError(
+      `${field} must be a whole number of milliseconds from 100 to 600000, e.g. ${DEFAULT_REDIS_TIMEOUT_MS}`,
+    );
+  }
+  return value;
+}
+
+/** The ioredis options that bound every wait on a client (see {@link redisClientOptions}). */
+export interface BoundedRedisOptions {
+  connectTimeout: number;
+  commandTimeout: number | undefined;
+  maxRetriesPerRequest: number | null;
+  retryStrategy: (times: number) => number | null;
+}
+
+/**
+ * ioredis options for a client whose every command is answered or fails within `timeoutMs`:
+ * a connection attempt gives up after `timeoutMs`, a command with no reply fails with "Command
+ * timed out" (a blocking connection, whose commands wait on purpose, gets no command timeout;
+ * its queue or stream library bounds them), and the client reconnects with a backoff capped at
+ * `timeoutMs`. `reconnect: 'forever'` is for clients that ride out an outage (workers, a
+ * running command); `'briefly'` stops reconnecting after about `timeoutMs` so that a short
+ * command ends.
+ */
+export function redisClientOptions(
+  timeoutMs: number,
+  o: { blocking?: boolean; reconnect?: 'forever' | 'briefly' } = {},
+): BoundedRedisOptions {
+  const cap = Math.max(100, Math.min(timeoutMs, 2000));
+  const briefly = o.reconnect === 'briefly';
+  return {
+    connectTimeout: timeoutMs,
+    commandTimeout: o.blocking === true ? undefined : timeoutMs,
+    maxRetriesPerRequest: o.blocking === true ? null : 1,
+    retryStrategy: (times: number) => {
+      if (briefly && times * 100 > timeoutMs) return null;
+      return Math.min(times * 100, cap);
+    },
+  };
+}
+
+/** Runs code that is not Redis's (a user hook) without spending the deadline of {@link withRedisDeadline}. */
+export type Unbounded = <U>(work: () => U | Promise<U>) => Promise<U>;
+
+const deadlines = new AsyncLocalStorage<Unbounded>();
+
+/**
+ * Calls `work` (a user hook) outside the deadline of the enclosing {@link withRedisDeadline}: the
+ * time it takes does not count as waiting for Redis.
+ */
+export const outsideRedisDeadline: Unbounded = async (work) => {
+  const unbounded = deadlines.getStore();
+  return unbounded === undefined ? await work() : await unbounded(work);
+};
+
+/**
+ * Runs `body`, failing with a retryable {@link RedisUnavailableError} naming the server when it
+ * has waited `timeoutMs` without settling (time inside {@link outsideRedisDeadline}, a user hook,
+ * does not count). Errors of `body` pass through {@link classifyRedisError}. What `body` wrote before the
+ * deadline may or may not be in Redis.
+ */
+export async function withRedisDeadline<T>(
+  body: () => Promise<T>,
+  timeoutMs: number,
+  redis?: Pick<Redis, 'options'>,
+): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  let expire: (error: Error) => void = () => {};
+  let done = false;
+  const arm = () => {
+    clearTimeout(timer);
+    if (done) return;
+    timer = setTimeout(() => {
+      // After the I/O of this turn of the event loop: a reply that arrived while the loop was
+      // busy (loading modules, a CPU-bound operator) is not taken for silence.
+      setImmediate(() =>
+        expire(
+          new RedisUnavailableError(
+            `Redis at ${describeRedisTarget(redis)} did not answer within ${timeoutMs} ms. Check that the server is running and answering (not paused or overloaded), or raise redisTimeoutMs.`,
+          ),
+        ),
+      );
+    }, timeoutMs);
+  };
+  const deadline = new Promise<never>((_, reject) => (expire = reject));
+  const unbounded: Unbounded = async (work) => {
+    clearTimeout(timer);
+    try {
+      return await deadlines.exit(work);
+    } finally {
+      arm();
+    }
+  };
+  arm();
+  try {
+    return await Promise.race([deadlines.run(unbounded, body), deadline]);
+  } catch (error) {
+    throw classifyRedisError(error, redis);
+  } finally {
+    done = true;
+    clearTimeout(timer);
+  }
 }

@@ -14,16 +14,17 @@
  */
 
 /** Bump when a script changes meaning, so clients never mix versions under one command name. */
-export const SNAPSHOT_SCRIPT_VERSION = 2;
+export const SNAPSHOT_SCRIPT_VERSION = 4;
 
-// Pushes ARGV[from .. from+count-1] onto a list in chunks (Lua's unpack has a stack limit).
-const PUSH = `
-local function push(key, from, count)
+// Runs `cmd key ARGV[from .. from+count-1]` in chunks (Lua's unpack has a stack limit); `count`
+// and the chunk size are even, so field/value pairs never straddle two calls.
+const CHUNKED = `
+local function chunked(cmd, key, from, count)
   local i = from
   local last = from + count - 1
   while i <= last do
     local j = math.min(i + 999, last)
-    redis.call('RPUSH', key, unpack(ARGV, i, j))
+    redis.call(cmd, key, unpack(ARGV, i, j))
     i = j + 1
   end
 end
@@ -31,17 +32,26 @@ end
 
 /*
  * create: writes version 0 of a new run.
- *   KEYS[1]  snap (HASH)     KEYS[2]  events (STREAM)     KEYS[3]  meta (HASH)
- *   ARGV[1]  sv   ARGV[2] s (snapshot JSON)   ARGV[3] u (updatedAt)
- *   ARGV[4]  n, the number of events, then n pairs (type, JSON)
+ *   KEYS[1]  snap (HASH)   KEYS[2]  events (STREAM)   KEYS[3]  meta (HASH)   KEYS[4]  outputs (HASH)
+ *   ARGV[1]  sv   ARGV[2] u (updatedAt)
+ *   ARGV[3]  p, the number of snapshot field/value strings, then p strings
+ *   then     o, the number of output field/value strings, then o strings
+ *   then     n, the number of events, then n pairs (type, JSON)
  *   then     m, the number of meta field/value strings, then m strings
  *   Returns  1 when created; 0 when snap exists (nothing written)
  */
-const CREATE = `
+const CREATE = `${CHUNKED}
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'v', '0', 'sv', ARGV[1], 's', ARGV[2], 'u', ARGV[3])
-local n = tonumber(ARGV[4])
-local i = 5
+redis.call('HSET', KEYS[1], 'v', '0', 'sv', ARGV[1], 'u', ARGV[2])
+local i = 3
+local p = tonumber(ARGV[i])
+if p > 0 then chunked('HSET', KEYS[1], i + 1, p) end
+i = i + 1 + p
+local o = tonumber(ARGV[i])
+if o > 0 then chunked('HSET', KEYS[4], i + 1, o) end
+i = i + 1 + o
+local n = tonumber(ARGV[i])
+i = i + 1
 for _ = 1, n do
   redis.call('XADD', KEYS[2], '*', 'v', '0', 't', ARGV[i], 'd', ARGV[i + 1])
   i = i + 2
@@ -52,42 +62,102 @@ return 1
 `;
 
 /*
- * commit: compare-and-set of the envelope, the event appends and any list appends, all or nothing.
- *   KEYS[1]  snap (HASH)     KEYS[2]  events (STREAM)     KEYS[3..]  lists to append to
- *   ARGV[1]  the expected version   ARGV[2] the new version   ARGV[3] sv   ARGV[4] s   ARGV[5] u
- *   ARGV[6]  c, the carrier note ('' leaves the stored one as it is)
- *   ARGV[7]  n, the number of events, then n pairs (type, JSON)
- *   then, per list key KEYS[3..]: its expected length, the number of values c, then c values
+ * commit: compare-and-set of the snapshot's changed fields, the step outputs, the event appends,
+ * any list appends and ledger receipts of read-only calls, all or nothing.
+ *   KEYS[1]  snap (HASH)   KEYS[2]  events (STREAM)   KEYS[3]  outputs (HASH)   KEYS[4..] lists,
+ *            then the ledger hash of each receipt (the last r keys)
+ *   ARGV[1]  the expected version   ARGV[2] the new version   ARGV[3] sv   ARGV[4] u
+ *   ARGV[5]  the carrier note ('' leaves the stored one as it is)
+ *   ARGV[6]  mode: 'p' the changed fields only, valid only over fields of the same schema version
+ *            (sv); 'f' every field (the old one-field snapshot `s` is removed); 'w' no check
+ *   ARGV[7]  p, the number of snapshot field/value strings, then p strings
+ *   then     o, the number of output field/value strings, then o strings
+ *   then     d, the number of output fields to delete, then d names
+ *   then     n, the number of events, then n pairs (type, JSON)
+ *   then     r, the number of ledger receipts, then r quadruples (call id, entry JSON, tool,
+ *            args hash): each is written as the ledger's record script writes it (a new entry
+ *            gets its seq and times; a receipt already there stays; another tool or other
+ *            arguments leave the entry as it is)
+ *   then, per list key: its expected length, the number of values c, then c values
  *   Returns  {1} written; {0, stored version} version differs; {-1} no snap;
- *            {2, list index (0-based), actual length} a list's length differs. Only {1} writes.
+ *            {2, list index (0-based), actual length} a list's length differs;
+ *            {3} mode 'p' over fields of another schema version (write every field instead).
+ *            Only {1} writes.
  */
-const COMMIT = `${PUSH}
+const COMMIT = `${CHUNKED}
 local stored = redis.call('HGET', KEYS[1], 'v')
 if not stored then return {-1} end
 if stored ~= ARGV[1] then return {0, stored} end
-local n = tonumber(ARGV[7])
+if ARGV[6] == 'p' and redis.call('HGET', KEYS[1], 'sv') ~= ARGV[3] then return {3} end
+local i = 7
+local p = tonumber(ARGV[i])
+local partsAt = i + 1
+i = i + 1 + p
+local o = tonumber(ARGV[i])
+local outputsAt = i + 1
+i = i + 1 + o
+local d = tonumber(ARGV[i])
+local dropAt = i + 1
+i = i + 1 + d
+local n = tonumber(ARGV[i])
+local eventsAt = i + 1
+i = i + 1 + 2 * n
+local r = tonumber(ARGV[i])
+local receiptsAt = i + 1
+i = i + 1 + 4 * r
+local lastList = #KEYS - r
 local lists = {}
-local i = 8 + 2 * n
-for k = 3, #KEYS do
+for k = 4, lastList do
   local expected = tonumber(ARGV[i])
   local count = tonumber(ARGV[i + 1])
   local len = redis.call('LLEN', KEYS[k])
-  if len ~= expected then return {2, k - 3, len} end
+  if len ~= expected then return {2, k - 4, len} end
   lists[#lists + 1] = {KEYS[k], i + 2, count}
   i = i + 2 + count
 end
-if ARGV[6] == '' then
-  redis.call('HSET', KEYS[1], 'v', ARGV[2], 'sv', ARGV[3], 's', ARGV[4], 'u', ARGV[5])
+if ARGV[6] == 'f' then redis.call('HDEL', KEYS[1], 's') end
+if ARGV[5] == '' then
+  redis.call('HSET', KEYS[1], 'v', ARGV[2], 'sv', ARGV[3], 'u', ARGV[4])
 else
-  redis.call('HSET', KEYS[1], 'v', ARGV[2], 'sv', ARGV[3], 's', ARGV[4], 'u', ARGV[5], 'c', ARGV[6])
+  redis.call('HSET', KEYS[1], 'v', ARGV[2], 'sv', ARGV[3], 'u', ARGV[4], 'c', ARGV[5])
 end
-i = 8
+if p > 0 then chunked('HSET', KEYS[1], partsAt, p) end
+if o > 0 then chunked('HSET', KEYS[3], outputsAt, o) end
+if d > 0 then chunked('HDEL', KEYS[3], dropAt, d) end
+i = eventsAt
 for _ = 1, n do
   redis.call('XADD', KEYS[2], '*', 'v', ARGV[2], 't', ARGV[i], 'd', ARGV[i + 1])
   i = i + 2
 end
 for _, l in ipairs(lists) do
-  if l[3] > 0 then push(l[1], l[2], l[3]) end
+  if l[3] > 0 then chunked('RPUSH', l[1], l[2], l[3]) end
+end
+local now = tonumber(ARGV[4])
+for j = 1, r do
+  local key = KEYS[lastList + j]
+  local at = receiptsAt + 4 * (j - 1)
+  local raw = redis.call('HGET', key, ARGV[at])
+  local e = nil
+  if not raw then
+    e = cjson.decode(ARGV[at + 1])
+    e.seq = redis.call('HLEN', key) + 1
+    e.createdAt = now
+  else
+    local old = cjson.decode(raw)
+    if old.state ~= 'SUCCEEDED' and old.tool == ARGV[at + 2] and old.argsHash == ARGV[at + 3] then
+      local fresh = cjson.decode(ARGV[at + 1])
+      e = old
+      e.state = fresh.state
+      e.runs = e.runs + 1
+      e.leaseUntil = cjson.null
+      e.receipt = fresh.receipt
+      e.error = fresh.error
+    end
+  end
+  if e then
+    e.updatedAt = now
+    redis.call('HSET', key, ARGV[at], cjson.encode(e))
+  end
 end
 return {1}
 `;

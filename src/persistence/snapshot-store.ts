@@ -3,6 +3,10 @@
  * compare-and-set, with the run's events appended to its stream (and, for agent turns, messages
  * appended to a list) in the same atomic step. The compare-and-set runs as a Lua script on the
  * caller's connection (see `snapshot-lua.ts` for why not WATCH/MULTI/EXEC).
+ *
+ * With a codec that has a split layout, the snapshot is several fields of the HASH and a commit
+ * writes only the fields that changed since the snapshot the caller read (`CommitOptions.previous`);
+ * values the layout keeps apart (step outputs) go to the run's `outputs` HASH in the same script.
  */
 import type { Redis } from 'ioredis';
 import {
@@ -13,8 +17,15 @@ import {
   SnapshotConflictError,
   SnapshotCorruptError,
 } from '../errors.js';
-import { createSnapshotCodec, toJson, type SnapshotCodec, type SnapshotEnvelope } from './codec.js';
+import {
+  createSnapshotCodec,
+  toJson,
+  type SnapshotCodec,
+  type SnapshotDelta,
+  type SnapshotEnvelope,
+} from './codec.js';
 import { createKeys, RunKeyKind } from './keys.js';
+import type { LedgerRecordOp } from './ledger.js';
 import { classifyRedisError, isConnectionError } from './redis-errors.js';
 import { SNAPSHOT_SCRIPT_VERSION, SNAPSHOT_SCRIPTS } from './snapshot-lua.js';
 
@@ -84,15 +95,36 @@ export interface ListAppend {
   conflict?: (actualLength: number) => Error;
 }
 
+/** Options of {@link SnapshotStore.load} and {@link SnapshotStore.tryLoad}. */
+export interface LoadOptions {
+  /**
+   * Read the values a split layout keeps outside the snapshot (step outputs) into it. Without
+   * them, a load reads only the snapshot's small fields, however much the run produced; the
+   * outputs are then read when needed with `readOutputs`.
+   * @defaultValue true
+   */
+  outputs?: boolean;
+}
+
 /** Options of {@link SnapshotStore.commit}. */
 export interface CommitOptions {
   /** List appends committed with the snapshot, all or nothing. @defaultValue none */
   appends?: readonly ListAppend[];
   /**
+   * Receipts of read-only tool calls written to the run's ledger with the snapshot, all or
+   * nothing (see `Ledger.recordOp`). @defaultValue none
+   */
+  ledgerRecords?: readonly LedgerRecordOp[];
+  /**
    * A note stored beside the snapshot in the same write (the envelope's `carrier`): who carries
    * the run's next unit of work. @defaultValue the stored note is left as it is
    */
   carrier?: string;
+  /**
+   * The snapshot stored at the expected version, as the caller read it: with a split layout, only
+   * the fields that differ from it are written. @defaultValue unknown: every field is written
+   */
+  previous?: unknown;
 }
 
 /** Persists run snapshots with compare-and-set and appends run events atomically with them. */
@@ -112,9 +144,9 @@ export interface SnapshotStore<S = unknown> {
   /** The stored version alone (one small read), or null when the run does not exist. */
   version(runId: string): Promise<number | null>;
   /** Loads (and migrates) a run's envelope; throws `RunNotFoundError` when there is none. */
-  load(runId: string): Promise<SnapshotEnvelope<S>>;
+  load(runId: string, options?: LoadOptions): Promise<SnapshotEnvelope<S>>;
   /** Loads (and migrates) a run's envelope, or returns null when there is none. */
-  tryLoad(runId: string): Promise<SnapshotEnvelope<S> | null>;
+  tryLoad(runId: string, options?: LoadOptions): Promise<SnapshotEnvelope<S> | null>;
   /**
    * Writes `nextSnapshot` as version `expectedVersion + 1` and appends `events`, only if the stored
    * version is still `expectedVersion` (and each list of `options.appends` has its expected length);
@@ -128,6 +160,13 @@ export interface SnapshotStore<S = unknown> {
     events: readonly RunEventRecord[],
     options?: CommitOptions,
   ): Promise<SnapshotEnvelope<S>>;
+  /**
+   * The values a split layout keeps outside the snapshot (step outputs), parsed, by id; an id
+   * with no stored value is left out.
+   */
+  readOutputs(runId: string, ids: readonly string[]): Promise<Record<string, unknown>>;
+  /** One field of the snapshot's HASH as stored (e.g. a split layout's `run` part), or null. */
+  field(runId: string, name: string): Promise<string | null>;
   /** Reads a run's events in commit order. */
   readEvents(runId: string, options?: ReadEventsOptions): Promise<StoredRunEvent[]>;
   /** Releases the store (it holds no connection of its own; the caller's `redis` stays open). */
@@ -199,8 +238,9 @@ export function createSnapshotStore<S = unknown>(
   /*
    * create: writes version 0 of a new run (script CREATE).
    *   Reads:         EXISTS snap
-   *   Written keys:  snap (HSET v sv s u), events (XADD * v t d, one per event), meta (HSET, if
-   *                  given), atomically, only when snap did not exist
+   *   Written keys:  snap (HSET v sv u and the snapshot: its parts, or s), outputs (HSET, a split
+   *                  layout's outside values), events (XADD * v t d, one per event), meta (HSET,
+   *                  if given), atomically, only when snap did not exist
    *   Returns:       the envelope at version 0
    *   Throws:        RunAlreadyExistsError when snap exists (nothing written)
    */
@@ -217,7 +257,13 @@ export function createSnapshotStore<S = unknown>(
       snapshot,
       updatedAt: clock(),
     };
-    const fields = codec.encode(envelope);
+    const fields = codec.encode(envelope, codec.layout === undefined ? undefined : '');
+    const delta: SnapshotDelta =
+      codec.layout === undefined
+        ? { parts: { s: fields.s }, outputs: {}, dropOutputs: [] }
+        : codec.layout.delta(undefined, snapshot);
+    const parts = Object.entries(delta.parts).flat();
+    const outputs = Object.entries(delta.outputs).flat();
     const encoded = encodeEvents(events);
     const metaFields = Object.entries(meta).flat();
     let created: number;
@@ -226,9 +272,13 @@ export function createSnapshotStore<S = unknown>(
         snapKey,
         keys.events(runId),
         keys.meta(runId),
+        keys.outputs(runId),
         fields.sv,
-        fields.s,
         fields.u,
+        String(parts.length),
+        ...parts,
+        String(outputs.length),
+        ...outputs,
         String(encoded.length / 2),
         ...encoded,
         String(metaFields.length),
@@ -243,10 +293,13 @@ export function createSnapshotStore<S = unknown>(
 
   /*
    * commit: compare-and-set of the envelope plus the event appends and list appends (script COMMIT).
-   *   Reads:         HGET snap v; LLEN of each list to append to
-   *   Written keys:  snap (HSET v sv s u, and c when a carrier is given), events (XADD * v t d,
-   *                  one per event), each list (RPUSH), atomically, only when the version and
-   *                  every length are as expected
+   *   Reads:         HGET snap v (and sv for a partial write); LLEN of each list to append to
+   *   Written keys:  snap (HSET v sv u, c when a carrier is given, and the changed parts, or s),
+   *                  outputs (HSET new outputs, HDEL cleared ones), events (XADD * v t d, one per
+   *                  event), each list (RPUSH), each ledger receipt (HSET, as the ledger's
+   *                  record script writes it), atomically, only when the version and every
+   *                  length are as expected. A partial write over fields of an older schema
+   *                  version is refused by the script and sent again whole.
    *   Returns:       the envelope at version expectedVersion + 1 (its carrier only when given)
    *   Throws:        RunNotFoundError (no snap); SnapshotConflictError (v differs); the append's
    *                  conflict error (a list's length differs); nothing written in each case
@@ -263,6 +316,8 @@ export function createSnapshotStore<S = unknown>(
     assertExpectedVersion(expectedVersion);
     const appends = commitOptions.appends ?? [];
     const listKeys = checkAppends(keys.runKey(runId, RunKeyKind.Snap), appends);
+    const records = commitOptions.ledgerRecords ?? [];
+    checkLedgerRecords(keys.runKey(runId, RunKeyKind.Ledger), records);
     const carrier = commitOptions.carrier;
     if (carrier !== undefined && (typeof carrier !== 'string' || carrier === '')) {
       throw new InputValidationError('commit options', [
@@ -276,28 +331,58 @@ export function createSnapshotStore<S = unknown>(
       updatedAt: clock(),
       ...(carrier === undefined ? {} : { carrier }),
     };
-    const fields = codec.encode(envelope);
+    const layout = codec.layout;
+    const fields = codec.encode(envelope, layout === undefined ? undefined : '');
     const encoded = encodeEvents(events);
-    const args: string[] = [
-      String(2 + listKeys.length),
-      snapKey,
-      eventsKey,
-      ...listKeys,
-      String(expectedVersion),
-      fields.v,
-      fields.sv,
-      fields.s,
-      fields.u,
-      carrier ?? '',
-      String(encoded.length / 2),
-      ...encoded,
-    ];
-    for (const a of appends) {
-      args.push(String(a.expectedLength), String(a.values.length), ...a.values);
-    }
+    const previous = commitOptions.previous as S | undefined;
+    const argsFor = (mode: 'p' | 'f' | 'w', delta: SnapshotDelta): string[] => {
+      const parts = Object.entries(delta.parts).flat();
+      const outputs = Object.entries(delta.outputs).flat();
+      const args: string[] = [
+        String(3 + listKeys.length + records.length),
+        snapKey,
+        eventsKey,
+        keys.outputs(runId),
+        ...listKeys,
+        ...records.map((r) => r.key),
+        String(expectedVersion),
+        fields.v,
+        fields.sv,
+        fields.u,
+        carrier ?? '',
+        mode,
+        String(parts.length),
+        ...parts,
+        String(outputs.length),
+        ...outputs,
+        String(delta.dropOutputs.length),
+        ...delta.dropOutputs,
+        String(encoded.length / 2),
+        ...encoded,
+        String(records.length),
+        ...records.flatMap((r) => [r.callId, r.entry, r.tool, r.argsHash]),
+      ];
+      for (const a of appends) {
+        args.push(String(a.expectedLength), String(a.values.length), ...a.values);
+      }
+      return args;
+    };
     let reply: CommitReply;
     try {
-      reply = await scripts.commit(...args);
+      if (layout === undefined) {
+        reply = await scripts.commit(
+          ...argsFor('w', { parts: { s: fields.s }, outputs: {}, dropOutputs: [] }),
+        );
+      } else {
+        const partial = previous !== undefined;
+        reply = await scripts.commit(
+          ...argsFor(partial ? 'p' : 'f', layout.delta(previous, nextSnapshot)),
+        );
+        // Stored in an older schema version's fields: written whole this once.
+        if (reply[0] === 3) {
+          reply = await scripts.commit(...argsFor('f', layout.delta(undefined, nextSnapshot)));
+        }
+      }
     } catch (error) {
       return fail(scriptError(error, 'commit', runId));
     }
@@ -329,15 +414,65 @@ export function createSnapshotStore<S = unknown>(
     }
   }
 
-  async function tryLoad(runId: string): Promise<SnapshotEnvelope<S> | null> {
+  async function tryLoad(
+    runId: string,
+    loadOptions: LoadOptions = {},
+  ): Promise<SnapshotEnvelope<S> | null> {
     const snapKey = keys.snap(runId);
     let fields: Record<string, string>;
+    let outputs: Record<string, string> = {};
     try {
-      fields = await redis.hgetall(snapKey);
+      if (codec.layout === undefined || loadOptions.outputs === false) {
+        fields = await redis.hgetall(snapKey);
+      } else {
+        // In this order in one round trip: an output is written with (or before) the snapshot
+        // field that names it, and never changed after, so every output the fields need is read.
+        const replies = await redis.pipeline().hgetall(snapKey).hgetall(keys.outputs(runId)).exec();
+        if (replies === null) throw new Error('a Redis pipeline was discarded');
+        const [[e1, f], [e2, o]] = replies as [[Error | null, unknown], [Error | null, unknown]];
+        if (e1 !== null) throw e1;
+        if (e2 !== null) throw e2;
+        fields = f as Record<string, string>;
+        outputs = o as Record<string, string>;
+      }
     } catch (error) {
       return fail(error);
     }
-    return Object.keys(fields).length === 0 ? null : codec.decode(runId, fields);
+    return Object.keys(fields).length === 0 ? null : codec.decode(runId, fields, outputs);
+  }
+
+  async function readOutputs(
+    runId: string,
+    ids: readonly string[],
+  ): Promise<Record<string, unknown>> {
+    const out: Record<string, unknown> = {};
+    if (ids.length === 0) return out;
+    let values: (string | null)[];
+    try {
+      values = await redis.hmget(keys.outputs(runId), ...ids);
+    } catch (error) {
+      return fail(error);
+    }
+    ids.forEach((id, i) => {
+      const text = values[i];
+      if (text === null || text === undefined) return;
+      try {
+        out[id] = JSON.parse(text);
+      } catch (cause) {
+        throw new SnapshotCorruptError(runId, `the stored output of step "${id}" is not JSON`, {
+          cause,
+        });
+      }
+    });
+    return out;
+  }
+
+  async function field(runId: string, name: string): Promise<string | null> {
+    try {
+      return await redis.hget(keys.snap(runId), name);
+    } catch (error) {
+      return fail(error);
+    }
   }
 
   async function version(runId: string): Promise<number | null> {
@@ -358,8 +493,8 @@ export function createSnapshotStore<S = unknown>(
     }
   }
 
-  async function load(runId: string): Promise<SnapshotEnvelope<S>> {
-    const envelope = await tryLoad(runId);
+  async function load(runId: string, loadOptions?: LoadOptions): Promise<SnapshotEnvelope<S>> {
+    const envelope = await tryLoad(runId, loadOptions);
     if (envelope === null) throw new RunNotFoundError(runId);
     return envelope;
   }
@@ -400,12 +535,17 @@ export function createSnapshotStore<S = unknown>(
     load,
     tryLoad,
     commit,
+    readOutputs,
+    field,
     readEvents,
     close: () => Promise.resolve(),
   };
 }
 
-/** `{1}` written, `{0, v}` version differs, `{-1}` no run, `{2, index, length}` a list differs. */
+/**
+ * `{1}` written, `{0, v}` version differs, `{-1}` no run, `{2, index, length}` a list differs,
+ * `{3}` the stored fields are of another schema version.
+ */
 type CommitReply = [status: number, detail?: string | number, length?: number];
 type Script<R> = (...args: string[]) => Promise<R>;
 
@@ -416,7 +556,7 @@ function defineScripts(redis: Redis): { create: Script<number>; commit: Script<C
   const commands = redis as unknown as Record<string, Script<never> | undefined>;
   // ioredis runs EVALSHA and falls back to EVAL after a NOSCRIPT (e.g. a restarted server).
   if (commands[create] === undefined) {
-    redis.defineCommand(create, { numberOfKeys: 3, lua: SNAPSHOT_SCRIPTS.create });
+    redis.defineCommand(create, { numberOfKeys: 4, lua: SNAPSHOT_SCRIPTS.create });
   }
   if (commands[commit] === undefined) {
     // The number of keys varies with the list appends: it is the first argument of each call.
@@ -439,6 +579,33 @@ function scriptError(error: unknown, script: string, runId: string): unknown {
     `the ${script} script of run "${runId}" failed inside Redis and may have been partially applied: ${message}`,
     { cause: error },
   );
+}
+
+/** Checks ledger receipts before any I/O: each in the run's ledger (its slot), fields set. */
+function checkLedgerRecords(ledgerKey: string, records: readonly LedgerRecordOp[]): void {
+  const given: unknown = records;
+  if (!Array.isArray(given)) {
+    throw new InputValidationError('commit options', [
+      { path: 'ledgerRecords', message: 'must be an array' },
+    ]);
+  }
+  records.forEach((r, i) => {
+    if (typeof r.key !== 'string' || (r.key !== ledgerKey && !r.key.startsWith(`${ledgerKey}:`))) {
+      throw new InputValidationError('commit options', [
+        {
+          path: `ledgerRecords[${i}].key`,
+          message: `must be the run's ledger (${ledgerKey}, or it with a tenant after a colon), got ${JSON.stringify(r.key)}`,
+        },
+      ]);
+    }
+    for (const field of ['callId', 'entry', 'tool', 'argsHash'] as const) {
+      if (typeof r[field] !== 'string' || r[field] === '') {
+        throw new InputValidationError('commit options', [
+          { path: `ledgerRecords[${i}].${field}`, message: 'must be a non-empty string' },
+        ]);
+      }
+    }
+  });
 }
 
 /** Checks list appends before any I/O and returns their keys. */

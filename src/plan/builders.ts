@@ -1,5 +1,5 @@
 /**
- * Builders (DESIGN §4): `Step.operator`, `Step.agent`, `Step.granular`, `Step.gate` and
+ * Builders: `Step.operator`, `Step.agent`, `Step.granular`, `Step.gate` and
  * `Step.policy` compile to the plain step data of {@link PlanInput}; `plan`, `Pipeline.of` and
  * `Pipeline.line` assemble steps into a {@link Plan} through {@link parsePlan}, so a builder mistake
  * gets the same path-named error as a hand-written plan (`steps[0].maxTurns: must be at least 1`).
@@ -7,7 +7,6 @@
  * Pure: no I/O, no clock. Builders never validate; `parsePlan` does, once, for the whole plan.
  */
 import type { z } from 'zod';
-import type { AgentDefinition } from '../agents/define-agent.js';
 import type { JsonValue } from '../internal/json.js';
 import { parsePlan } from './parse-plan.js';
 import type {
@@ -80,8 +79,11 @@ export interface AgentStepOptions extends Omit<StepOptions, 'input'>, AgentLoopO
 /** Options of {@link Step.granular}: as {@link AgentStepOptions}, the mode fixed to `granular`. */
 export type GranularStepOptions = Omit<AgentStepOptions, 'mode'>;
 
-/** An agent, by definition or by the name it is registered under. */
-export type AgentRef = string | Pick<AgentDefinition, 'name'>;
+/**
+ * An agent, by definition or by the name it is registered under. Any object with a `name` will do
+ * (an `AgentDefinition` is one): plans are data and know agents by name only.
+ */
+export type AgentRef = string | { readonly name: string };
 
 /** The loop defaults every agent step the builders make carries explicitly. */
 export const AGENT_LOOP_DEFAULTS: Readonly<Required<AgentLoopOptions>> = Object.freeze({

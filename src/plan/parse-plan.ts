@@ -1,7 +1,7 @@
 /** `parsePlan`: the one door into the runtime for plans. Every problem, with its path, in one error. */
 import type { z } from 'zod';
 import { PlanValidationError, type ValidationIssue } from '../errors.js';
-import { findNonJson, formatPath, locateJsonSyntaxError } from '../internal/json.js';
+import { findNonJson, formatPath, locateJsonSyntaxError, TOO_DEEP } from '../internal/json.js';
 import {
   cachePolicySchema,
   checkPlanSemantics,
@@ -230,10 +230,16 @@ export function parsePlan(source: unknown): Plan {
     ]);
   }
 
-  const nonJson = typeof source === 'string' ? [] : findNonJson(value, '');
+  // Parsed text is plain JSON, but may still be nested too deep for what comes next.
+  const nonJson = findNonJson(value, '');
   if (nonJson.some((issue) => issue.path === '')) throw new PlanValidationError(nonJson);
+  if (nonJson.some((issue) => issue.message.startsWith(TOO_DEEP))) {
+    // Zod and the semantic checks would recurse through it: the depth is the whole answer.
+    throw new PlanValidationError(nonJson);
+  }
   // A fresh copy, so the returned plan shares nothing with the caller's object.
-  const input: unknown = nonJson.length === 0 ? JSON.parse(JSON.stringify(value)) : value;
+  const input: unknown =
+    typeof source === 'string' || nonJson.length > 0 ? value : JSON.parse(JSON.stringify(value));
 
   const result = planSchema.safeParse(input, { error: planErrorMap });
   if (result.success && nonJson.length === 0) return result.data;

@@ -1,19 +1,19 @@
 /**
- * Plans as data (DESIGN §4, seed 002 §1): zod schemas and the types inferred from them. Code is
+ * Plans as data: zod schemas and the types inferred from them. Code is
  * referenced by name (operators, agents, policies), so a plan can be stored, diffed and resumed.
  * Every object is strict: a misspelt key is refused, not ignored.
  */
 import { z } from 'zod';
+import { STEP_ID_PATTERN } from '../internal/ids.js';
 import { jsonValueSchema } from '../internal/json.js';
 import { findDependencyCycles } from './graph.js';
+
+export { STEP_ID_PATTERN };
 
 /** The only plan schema version this release reads and writes. */
 export const PLAN_SCHEMA_VERSION = 1;
 /** Most steps a plan may have. */
 export const MAX_PLAN_STEPS = 1000;
-
-/** Step ids go into Redis keys and BullMQ job ids: no ':', '{', '}' or spaces. */
-export const STEP_ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/;
 
 /** A step id: 1–128 letters, digits, `_`, `.` or `-`, starting with a letter or digit. */
 export const stepIdSchema = z.string().regex(STEP_ID_PATTERN, {
@@ -32,13 +32,33 @@ export const riskLevelSchema = z.enum(['low', 'medium', 'high', 'critical']);
 /** The kinds of step. */
 export const stepKindSchema = z.enum(['operator', 'agent', 'policy_check', 'human_gate']);
 
-/** How a step's result may be cached (seed 002 §4). */
+/**
+ * How a step's output is cached, tenant-wide, under the step's code identity, input and
+ * dependencies' outputs: `deterministic` (a hit skips the step; a re-run whose output differs
+ * fails with `NonDeterminismError`), `stable_nondeterministic` (stored with its inputs; a hit is
+ * used only when the step or the run allows it), `external` (kept `ttlMs`, with its provenance).
+ */
 export const cachePolicySchema = z.discriminatedUnion('class', [
   z.object({ class: z.literal('none') }).strict(),
   z.object({ class: z.literal('deterministic') }).strict(),
-  z.object({ class: z.literal('stable_nondeterministic'), allowCacheHit: z.boolean() }).strict(),
+  z
+    .object({
+      class: z.literal('stable_nondeterministic'),
+      /** Use a stored output of this step (else only when the run's start allows it). */
+      allowCacheHit: z.boolean().default(false),
+    })
+    .strict(),
   // External results are cached only with an explicit TTL and provenance.
   z.object({ class: z.literal('external'), ttlMs: positiveInt(), provenance: nonEmpty() }).strict(),
+]);
+
+/**
+ * What runs once the step's primary operator or agent has failed finally (after its retries):
+ * one attempt of the named operator or agent, told the primary's error.
+ */
+export const fallbackSchema = z.union([
+  z.object({ operator: nonEmpty() }).strict(),
+  z.object({ agent: nonEmpty() }).strict(),
 ]);
 
 /** A retry policy as written: every field optional, merged over plan defaults and built-ins. */
@@ -116,7 +136,7 @@ export const retryPolicySchema = retryPolicyInputSchema
     }
   });
 
-/** Limits of a whole run (DESIGN P6). */
+/** Limits of a whole run: steps, tool calls, wall clock, tokens and cost over all its steps. */
 export const runBudgetsSchema = z
   .object({
     maxWallClockMs: positiveInt().optional(),
@@ -159,10 +179,19 @@ export const idempotencySchema = z
     });
   });
 
-/** A step that waits for a person's approval before it runs. */
+/**
+ * A step that waits for a person's approval before it runs. With `approvers`, only those names
+ * may approve, reject or skip it (and decide on its tool calls); `reason` is shown wherever a
+ * person decides.
+ */
 export const gateSchema = z
   .object({
-    approvers: z.array(nonEmpty()).optional(),
+    approvers: z
+      .array(nonEmpty())
+      .min(1, {
+        error: 'list at least one approver, or leave approvers out to let anyone decide',
+      })
+      .optional(),
     reason: z.string().optional(),
   })
   .strict();
@@ -179,6 +208,8 @@ const commonStepShape = {
   policyTags: z.array(nonEmpty()).default(() => []),
   riskLevel: riskLevelSchema.default('low'),
   cachePolicy: cachePolicySchema.default(() => ({ class: 'none' as const })),
+  /** Operator and agent steps only. */
+  fallback: fallbackSchema.optional(),
   idempotency: idempotencySchema.default(() => ({ keyInputs: [] })),
   gate: gateSchema.optional(),
   retry: retryPolicyInputSchema.optional(),
@@ -292,14 +323,24 @@ export type RunBudgets = z.output<typeof runBudgetsSchema>;
 export type StepBudgets = z.output<typeof stepBudgetsSchema>;
 /** How a step's result may be cached. */
 export type CachePolicy = z.output<typeof cachePolicySchema>;
+/** What runs when a step's primary failed finally. */
+export type StepFallback = z.output<typeof fallbackSchema>;
 /** A class of side effect. */
 export type EffectClass = z.output<typeof effectClassSchema>;
 /** A step's risk level. */
 export type RiskLevel = z.output<typeof riskLevelSchema>;
 
-/** Whether a step waits for approval before it runs. */
+/**
+ * Whether a step waits for approval before it runs: a `human_gate`, a step with a `gate`, and a
+ * step whose `riskLevel` is `high` or `critical` (as if it had a gate).
+ */
 export function stepNeedsApproval(step: PlanStep): boolean {
-  return step.kind === 'human_gate' || step.gate !== undefined;
+  return (
+    step.kind === 'human_gate' ||
+    step.gate !== undefined ||
+    step.riskLevel === 'high' ||
+    step.riskLevel === 'critical'
+  );
 }
 
 /** A problem found by {@link checkPlanSemantics}, with its path as segments. */
@@ -414,6 +455,44 @@ export function checkPlanSemantics(plan: unknown): PlanSemanticIssue[] {
       message:
         'only granular agent steps take the turn\'s idempotency key: set mode: "granular", or leave enforceIdempotency out (atomic steps pass ctx.idempotencyKey, the call\'s own key)',
     });
+  });
+
+  // Key inputs key the tool calls an operator makes through ctx.tools; no other kind makes them.
+  steps.forEach((step: unknown, i) => {
+    if (!isRecord(step) || step.kind === 'operator' || !isRecord(step.idempotency)) return;
+    const keyInputs = step.idempotency.keyInputs;
+    if (!Array.isArray(keyInputs) || keyInputs.length === 0) return;
+    issues.push({
+      path: ['steps', i, 'idempotency', 'keyInputs'],
+      message: `only operator steps take key inputs (they key the tool calls of ctx.tools across runs); remove idempotency.keyInputs from this ${String(step.kind)} step`,
+    });
+  });
+
+  // Only what an operator or an atomic agent computes is cached, or replaced by a fallback.
+  steps.forEach((step: unknown, i) => {
+    if (!isRecord(step)) return;
+    const kind = String(step.kind);
+    const computes = kind === 'operator' || kind === 'agent';
+    if (step.fallback !== undefined && !computes) {
+      issues.push({
+        path: ['steps', i, 'fallback'],
+        message: `only operator and agent steps take a fallback; remove fallback from this ${kind} step`,
+      });
+    }
+    const cacheClass = isRecord(step.cachePolicy) ? step.cachePolicy.class : undefined;
+    if (cacheClass === undefined || cacheClass === 'none') return;
+    if (!computes) {
+      issues.push({
+        path: ['steps', i, 'cachePolicy'],
+        message: `only operator and agent steps are cached; remove cachePolicy from this ${kind} step`,
+      });
+    } else if (kind === 'agent' && step.mode === 'granular') {
+      issues.push({
+        path: ['steps', i, 'cachePolicy'],
+        message:
+          'granular agent steps are not cached (their turns are committed one by one): set mode: "atomic", or remove cachePolicy',
+      });
+    }
   });
 
   const edges = new Map<string, string[]>();

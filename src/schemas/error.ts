@@ -10,5 +10,14 @@ export const serializedErrorSchema = z
     retryable: z.boolean(),
     retryAfterMs: z.number().int().nonnegative().optional(),
     details: z.unknown().optional(),
+    thrown: z
+      .object({
+        name: z.string(),
+        message: z.string(),
+        stack: z.string().optional(),
+        causes: z.array(z.object({ name: z.string(), message: z.string() }).strict()).optional(),
+      })
+      .strict()
+      .optional(),
   })
   .strict() satisfies z.ZodType<SerializedError>;

@@ -7,9 +7,63 @@ const at = z.number().int().nonnegative();
 const stepId = z.string().min(1);
 const attempt = z.number().int().min(1);
 
-/** Attempt `attempt` of step `stepId` finished and returned `output`. */
+/**
+ * Attempt `attempt` of step `stepId` finished and returned `output`; `producedBy` says whether the
+ * step's fallback produced it (absent: the primary).
+ */
 export const stepSucceededSchema = z
-  .object({ type: z.literal('step.succeeded'), stepId, attempt, output: jsonValueSchema, at })
+  .object({
+    type: z.literal('step.succeeded'),
+    stepId,
+    attempt,
+    output: jsonValueSchema,
+    producedBy: z.enum(['primary', 'fallback']).optional(),
+    at,
+  })
+  .strict();
+
+/**
+ * Attempt `attempt` of step `stepId` did not run: its output is the cache entry run `sourceRunId`
+ * stored at `storedAt` (committed with the `step.succeeded` that carries that output).
+ */
+export const stepCacheHitSchema = z
+  .object({
+    type: z.literal('step.cacheHit'),
+    stepId,
+    attempt,
+    sourceRunId: z.string().min(1),
+    storedAt: at,
+    cacheClass: z.enum(['deterministic', 'stable_nondeterministic', 'external']),
+    provenance: z.string().min(1).optional(),
+    at,
+  })
+  .strict();
+
+/**
+ * A worker started executing attempt `attempt` (READY → RUNNING) at `at`. A worker commits it with
+ * the first result of the execution (its outcome, a turn, a pause), so the stream records the
+ * interval the attempt ran without a commit of its own.
+ */
+export const stepStartedSchema = z
+  .object({ type: z.literal('step.started'), stepId, attempt, at })
+  .strict();
+
+/**
+ * Attempt `attempt` reached a call of a tool with risk level high or critical that has no decision
+ * yet: the step waits in WAITING_APPROVAL showing the call until a person approves or rejects it.
+ */
+export const toolApprovalRequestedSchema = z
+  .object({
+    type: z.literal('tool.approvalRequested'),
+    stepId,
+    attempt,
+    callId: z.string().min(1),
+    tool: z.string().min(1),
+    args: jsonValueSchema,
+    toolCallId: z.string().min(1).optional(),
+    turn: z.number().int().nonnegative().optional(),
+    at,
+  })
   .strict();
 
 /**
@@ -37,16 +91,31 @@ export const stepSkippedSchema = z
     stepId,
     attempt: attempt.optional(),
     reason: z.string().min(1),
+    /** Who skipped it, for a skip by request. */
+    by: z.string().min(1).optional(),
     at,
   })
   .strict();
 
-const decision = { stepId, by: z.string().min(1), comment: z.string().optional(), at };
-/** A person approved the gate of a step waiting for approval. */
+const decision = {
+  stepId,
+  by: z.string().min(1),
+  comment: z.string().optional(),
+  /** The tool call decided on, when the step waits on one; must be the call it waits on. */
+  callId: z.string().min(1).optional(),
+  at,
+};
+/**
+ * A person approved what a step waits on: its gate (the step starts an attempt), or the tool call
+ * it waits on (the attempt goes on, and this call may run once).
+ */
 export const gateApprovedSchema = z
   .object({ type: z.literal('gate.approved'), ...decision })
   .strict();
-/** A person rejected the gate of a step waiting for approval. */
+/**
+ * A person rejected what a step waits on: its gate (the step fails finally), or the tool call it
+ * waits on (the attempt goes on, and the call is refused).
+ */
 export const gateRejectedSchema = z
   .object({ type: z.literal('gate.rejected'), ...decision })
   .strict();
@@ -106,7 +175,10 @@ export const runResumedSchema = z
 
 /** Every event a run accepts from outside. */
 export const runEventSchema = z.discriminatedUnion('type', [
+  stepStartedSchema,
+  toolApprovalRequestedSchema,
   stepSucceededSchema,
+  stepCacheHitSchema,
   stepFailedSchema,
   stepSkippedSchema,
   gateApprovedSchema,
@@ -118,7 +190,10 @@ export const runEventSchema = z.discriminatedUnion('type', [
   runResumedSchema,
 ]);
 
+export type StepStartedEvent = z.infer<typeof stepStartedSchema>;
+export type ToolApprovalRequestedEvent = z.infer<typeof toolApprovalRequestedSchema>;
 export type StepSucceededEvent = z.infer<typeof stepSucceededSchema>;
+export type StepCacheHitEvent = z.infer<typeof stepCacheHitSchema>;
 export type StepFailedEvent = z.infer<typeof stepFailedSchema>;
 export type StepSkippedEvent = z.infer<typeof stepSkippedSchema>;
 export type GateApprovedEvent = z.infer<typeof gateApprovedSchema>;

@@ -17,6 +17,8 @@ export const successSchema = z
     ...base,
     attempt: z.number().int().min(1),
     output: jsonValueSchema,
+    /** For a step with a fallback: whether its primary or its fallback produced the output. */
+    producedBy: z.enum(['primary', 'fallback']).optional(),
   })
   .strict();
 

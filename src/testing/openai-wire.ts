@@ -1,7 +1,7 @@
 /**
  * The OpenAI chat-completions wire format, as the scripted model server writes it: completions,
- * stream chunks, error bodies, and the deterministic usage estimates.
- * @internal
+ * stream chunks, error bodies, and the deterministic usage estimates. Internal to the test helpers:
+ * `flujo/testing` exports only `RequestMessage` from here.
  */
 import type { MessageReply } from './script.js';
 

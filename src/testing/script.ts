@@ -150,7 +150,7 @@ const faultSchema = z.discriminatedUnion(
   { error: "expected fault to be one of 'delay', 'status', 'drop', 'hang'" },
 );
 
-/** A checked text or tool-call reply. @internal */
+/** A checked text or tool-call reply (not exported from `flujo/testing`; the wire module uses it). */
 export type MessageReply = z.output<typeof messageReplySchema>;
 /** A checked reply, with `then` and `partial` checked too. @internal */
 export type CheckedReply =

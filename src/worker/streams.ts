@@ -1,10 +1,10 @@
-import { RunNotFoundError, toFlujoError } from '../errors.js';
+import { toFlujoError } from '../errors.js';
 import type { JsonValue } from '../internal/json.js';
 import type { StepStatus } from '../machines/types.js';
 import type { StoredRunEvent } from '../persistence/snapshot-store.js';
 import type { SerializedError } from '../errors.js';
 import type { StepOutcome } from '../schemas/outcomes.js';
-import type { RuntimeCore } from './core.js';
+import type { RuntimeCore } from '../actors/core.js';
 
 /** Options of a stream read. */
 export interface StreamOptions {
@@ -15,7 +15,51 @@ export interface StreamOptions {
   signal?: AbortSignal;
 }
 
-/** A run's events in commit order; with `follow`, blocks for new ones (XREAD on its own connection). */
+/** The steps whose output a run summary names instead of carrying (null in `produced`). */
+function refsOf(e: StoredRunEvent): string[] {
+  const produced = e.data['produced'] as Record<string, unknown> | undefined;
+  return Object.keys(produced ?? {}).filter((id) => produced?.[id] === null);
+}
+
+/**
+ * Puts back the step outputs that the stream names instead of carrying them (a large output is
+ * stored once, in the run's outputs): a reader sees each event as it was committed.
+ */
+async function withOutputs(
+  core: RuntimeCore,
+  runId: string,
+  batch: StoredRunEvent[],
+): Promise<StoredRunEvent[]> {
+  const wanted = new Set<string>();
+  for (const e of batch) {
+    const ref = e.data['outputRef'];
+    if (e.type === 'step.succeeded' && typeof ref === 'string') wanted.add(ref);
+    if (e.type === 'run.finished' && e.data['producedRefs'] === true) {
+      for (const id of refsOf(e)) wanted.add(id);
+    }
+  }
+  if (wanted.size === 0) return batch;
+  const outputs = await core.store.readOutputs(runId, [...wanted]);
+  // An output no longer stored (removed by retention meanwhile) stays a reference.
+  return batch.map((e) => {
+    const { outputRef, producedRefs, ...data } = e.data;
+    if (e.type === 'step.succeeded' && typeof outputRef === 'string' && outputRef in outputs) {
+      return { ...e, data: { ...data, output: outputs[outputRef] } };
+    }
+    if (e.type === 'run.finished' && producedRefs === true) {
+      const produced = { ...(data['produced'] as Record<string, unknown>) };
+      // Not stored: the step produced nothing (or the run was removed meanwhile).
+      for (const id of refsOf(e)) {
+        if (id in outputs) produced[id] = outputs[id];
+        else delete produced[id];
+      }
+      return { ...e, data: { ...data, produced } };
+    }
+    return e;
+  });
+}
+
+/** A run's events in commit order; with `follow`, waits for new ones (see `StreamWatcher`). */
 export async function* eventsOf(
   core: RuntimeCore,
   runId: string,
@@ -23,9 +67,13 @@ export async function* eventsOf(
 ): AsyncGenerator<StoredRunEvent> {
   let after = options.after;
   // A run that does not exist is an error, not an empty stream.
-  if ((await core.store.version(runId)) === null) throw new RunNotFoundError(runId);
+  if ((await core.store.version(runId)) === null) throw await core.notFound(runId);
   for (;;) {
-    const batch = await core.store.readEvents(runId, after === undefined ? {} : { after });
+    const batch = await withOutputs(
+      core,
+      runId,
+      await core.store.readEvents(runId, after === undefined ? {} : { after }),
+    );
     for (const e of batch) {
       yield e;
       after = e.id;
@@ -33,26 +81,8 @@ export async function* eventsOf(
     }
     if (options.follow !== true) return;
     if (options.signal?.aborted === true) return;
-    await waitForMore(core, runId, after ?? '0-0', options.signal);
-  }
-}
-
-async function waitForMore(
-  core: RuntimeCore,
-  runId: string,
-  after: string,
-  signal: AbortSignal | undefined,
-): Promise<void> {
-  // XREAD BLOCK must not hold up the shared client: the runtime keeps a connection for it.
-  const conn = core.blocking();
-  const onAbort = () => conn.disconnect(true);
-  signal?.addEventListener('abort', onAbort, { once: true });
-  try {
-    await conn.xread('COUNT', 1, 'BLOCK', 1000, 'STREAMS', core.keys.events(runId), after);
-  } catch {
-    // Disconnected on abort (it reconnects for the next reader); the caller checks the signal.
-  } finally {
-    signal?.removeEventListener('abort', onAbort);
+    // Blocks without polling: one read serves every follower of the runtime.
+    await core.watcher().next(core.keys.events(runId), after ?? '0-0', options.signal);
   }
 }
 
@@ -197,6 +227,9 @@ async function* storedOutcomes(
           stepId: String(d['stepId']),
           attempt: Number(d['attempt']),
           output: d['output'] as JsonValue,
+          ...(d['producedBy'] === 'primary' || d['producedBy'] === 'fallback'
+            ? { producedBy: d['producedBy'] }
+            : {}),
           at,
         };
         break;
@@ -205,7 +238,8 @@ async function* storedOutcomes(
         break;
       case 'step.changed': {
         const c = d as unknown as Changed;
-        if ((c.to === 'FAILED_RETRYABLE' || c.to === 'FAILED_FINAL') && c.from === 'RUNNING') {
+        const ran = c.from === 'RUNNING' || c.from === 'READY';
+        if ((c.to === 'FAILED_RETRYABLE' || c.to === 'FAILED_FINAL') && ran) {
           const error = lastError ?? {
             name: 'StepFailed',
             code: 'step_failed',
@@ -220,6 +254,18 @@ async function* storedOutcomes(
             error,
             feedback: `${error.name}: ${error.message}`,
             final: c.to === 'FAILED_FINAL',
+            at,
+          };
+        } else if (c.to === 'READY' && ran && lastError !== null) {
+          // The primary failed finally and the step's fallback is the next attempt.
+          yield {
+            type: 'failure',
+            runId,
+            stepId: c.stepId,
+            attempt: c.attempt - 1,
+            error: lastError,
+            feedback: `${lastError.name}: ${lastError.message}`,
+            final: false,
             at,
           };
         } else if (c.to === 'FAILED_FINAL' && c.from === 'WAITING_APPROVAL') {

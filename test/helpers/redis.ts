@@ -33,6 +33,7 @@ export async function deleteRuntimeKeys(prefix: string): Promise<void> {
   try {
     await deletePrefix(redis, prefix);
     await deletePrefix(redis, `{${prefix}:q}`);
+    await deletePrefix(redis, `{${prefix}:runs}`);
   } finally {
     redis.disconnect();
   }
@@ -55,4 +56,23 @@ export async function readPrefix(redis: Redis, prefix: string): Promise<Record<s
     }
   } while (cursor !== '0');
   return out;
+}
+
+/**
+ * {@link readPrefix} once the keys stop changing (two reads 50 ms apart agree, within 5 s): a
+ * worker's work after a run's final commit (its expiry, its index entries) is then done, so a
+ * later read that differs shows what the code under test changed.
+ */
+export async function readQuietPrefix(
+  redis: Redis,
+  prefix: string,
+): Promise<Record<string, unknown>> {
+  const deadline = Date.now() + 5000;
+  let last = await readPrefix(redis, prefix);
+  for (;;) {
+    await new Promise((ok) => setTimeout(ok, 50));
+    const next = await readPrefix(redis, prefix);
+    if (JSON.stringify(next) === JSON.stringify(last) || Date.now() > deadline) return next;
+    last = next;
+  }
 }

@@ -25,6 +25,9 @@ export function candidateEvents(snapshot: RunSnapshot): RunEvent[] {
   for (const s of runSteps(snapshot)) {
     const n = s.attempt;
     switch (s.status) {
+      case 'READY':
+        out.push(e.start(s.stepId, n));
+        break;
       case 'RUNNING':
         out.push(e.ok(s.stepId, n), e.fail(s.stepId, n, true), e.fail(s.stepId, n, false));
         if (n > 1) out.push(e.ok(s.stepId, n - 1));

@@ -23,6 +23,12 @@ export const T0 = 1_700_000_000_000;
 
 /** Builders for run events at a fixed clock, so traces are stable. */
 export const e = {
+  start: (stepId: string, attempt = 1): RunEvent => ({
+    type: 'step.started',
+    stepId,
+    attempt,
+    at: T0 + 500,
+  }),
   ok: (stepId: string, attempt = 1, output: unknown = `${stepId} done`): RunEvent => ({
     type: 'step.succeeded',
     stepId,

@@ -1,6 +1,6 @@
 /**
  * Granular agent steps across crashes: a worker child (test/fixtures/agent-child.ts) is killed
- * with SIGKILL at each named point of a turn (DESIGN §3), another child resumes the run, and the
+ * with SIGKILL at each named point of a turn, another child resumes the run, and the
  * test checks what the model was asked (the scripted server records every request), what the
  * tools did (the children's effect file), the ledger and the final answer.
  */
@@ -8,74 +8,35 @@ import { existsSync, readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import type { PlanInput } from '../../src/plan/schema.js';
-import { createRuntime, type RunReport, type Runtime } from '../../src/runtime.js';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { createRuntime, type Runtime, runtimeCore } from '../../src/runtime.js';
 import { silentLogger } from '../../src/logging.js';
 import {
-  startScriptedModelServer,
-  type RecordedRequest,
-  type ScriptedModelServer,
-  type ScriptedReply,
-} from '../../src/testing/index.js';
-import { spawnAgentChild, type AgentChild } from '../helpers/agent-child.js';
+  agentChildren,
+  crashAndResume as crashAndResumeWith,
+  researchPlan,
+  scriptThreeTurns,
+  settledReport,
+  turnOf,
+} from '../helpers/agent-child.js';
 import { deleteRuntimeKeys, redisUrl, testPrefix } from '../helpers/redis.js';
+import { useScriptedModel } from '../helpers/scripted-agent.js';
 
-const plan: PlanInput = {
-  name: 'agent-crash',
-  steps: [
-    {
-      id: 'research',
-      kind: 'agent',
-      agent: 'researcher',
-      mode: 'granular',
-      retry: { maxAttempts: 3, initialDelayMs: 50, maxDelayMs: 200, jitter: 0 },
-    },
-  ],
-};
+const plan = researchPlan('agent-crash');
 
-/** The turn a request asks for: how many replies of the model it already holds. */
-const turnOf = (r: RecordedRequest): number =>
-  r.messages.filter((m) => m.role === 'assistant').length;
-
-// Turn 0 asks for three tools at once, turn 1 for one, turn 2 answers. Fixed usage figures, so
-// a run's usage does not depend on how long its id (its input) is.
-const replies: ScriptedReply[] = [
-  {
-    toolCalls: [
-      { id: 's1', name: 'search', arguments: { q: 'alpha' } },
-      { id: 'n1', name: 'save_note', arguments: { text: 'first' } },
-      { id: 's2', name: 'search', arguments: { q: 'beta' } },
-    ],
-    usage: { prompt_tokens: 100, completion_tokens: 30 },
-  },
-  {
-    toolCalls: [{ id: 'n2', name: 'save_note', arguments: { text: 'second' } }],
-    usage: { prompt_tokens: 160, completion_tokens: 12 },
-  },
-  { text: 'Alpha and beta, noted twice.', usage: { prompt_tokens: 200, completion_tokens: 9 } },
-];
-
-let model: ScriptedModelServer;
+const model = useScriptedModel();
 let rt: Runtime;
 let prefix: string;
 let dir: string;
 let effectFile: string;
-const children = new Set<AgentChild>();
-
-async function spawnChild(env: Record<string, string> = {}): Promise<AgentChild> {
-  const child = await spawnAgentChild({
-    REDIS_URL: redisUrl(),
-    FLUJO_PREFIX: prefix,
-    MODEL_URL: model.url,
-    EFFECT_FILE: effectFile,
-    RECOVERY_MS: '1000',
-    ...env,
-  });
-  children.add(child);
-  void child.exited.then(() => children.delete(child));
-  return child;
-}
+const children = agentChildren(() => ({
+  REDIS_URL: redisUrl(),
+  FLUJO_PREFIX: prefix,
+  MODEL_URL: model.url,
+  EFFECT_FILE: effectFile,
+  RECOVERY_MS: '1000',
+}));
+const spawnChild = children.spawn;
 
 function effects(runId: string): { tool: string; args: unknown; pid: number }[] {
   if (!existsSync(effectFile)) return [];
@@ -100,58 +61,24 @@ function asked(runId: string): number[] {
   return counts;
 }
 
-async function settled(runId: string, timeoutMs = 20_000): Promise<RunReport> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const report = await rt.status(runId);
-    if (report.status !== 'running' || Date.now() > deadline) return report;
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
+const settled = (runId: string) => settledReport(rt, runId);
 
 /** Starts a run, lets a child die at `killAt`, resumes with a fresh child; returns the report. */
-async function crashAndResume(
+const crashAndResume = (
   killAt: string,
-  resumeEnv: Record<string, string> = {},
-  bothEnv: Record<string, string> = {},
-): Promise<{ runId: string; report: RunReport }> {
-  const runId = `run-${Math.random().toString(36).slice(2, 10)}`;
-  // The run's input is its id, so the model's requests name the run they belong to.
-  await rt.start(plan, runId, { runId });
-  const doomed = await spawnChild({ ...bothEnv, FLUJO_KILL_AT: killAt });
-  const exit = await Promise.race([
-    doomed.exited,
-    new Promise<'alive'>((r) => setTimeout(() => r('alive'), 15_000)),
-  ]);
-  expect(exit, `the child did not die at ${killAt}: ${doomed.stderr()}`).toEqual({
-    code: null,
-    signal: 'SIGKILL',
-  });
-  const resumer = await spawnChild({ ...bothEnv, ...resumeEnv });
-  const report = await settled(runId);
-  resumer.proc.kill('SIGTERM');
-  await resumer.exited;
-  return { runId, report };
-}
+  resume: Record<string, string> = {},
+  both: Record<string, string> = {},
+) => crashAndResumeWith(rt, plan, children, killAt, { both, resume });
 
-beforeAll(async () => {
-  model = await startScriptedModelServer();
-});
-afterAll(async () => {
-  await model.close();
-});
 beforeEach(async () => {
-  model.reset();
-  // Every request gets the reply of its turn, whoever asks and however often.
-  model.enqueue(...Array.from({ length: 40 }, () => (r: RecordedRequest) => replies[turnOf(r)]!));
+  scriptThreeTurns(model);
   prefix = testPrefix();
   dir = await mkdtemp(join(tmpdir(), 'flujo-agent-crash-'));
   effectFile = join(dir, 'effects.log');
   rt = createRuntime({ redis: redisUrl(), prefix, logger: silentLogger });
 });
 afterEach(async () => {
-  for (const child of children) child.proc.kill('SIGKILL');
-  await Promise.all([...children].map((c) => c.exited));
+  await children.killAll();
   await rt.close();
   await deleteRuntimeKeys(prefix);
   await rm(dir, { recursive: true, force: true });
@@ -219,6 +146,58 @@ describe('granular agent steps across SIGKILL', () => {
     ]);
   });
 
+  it('killed after the tools of turn 1: the stream shows the turn taken over, its calls replayed', async () => {
+    const { runId, report } = await crashAndResume('after-tools:research:1');
+    expect(report.status).toBe('succeeded');
+    const events: { type: string; data: Record<string, unknown> }[] = [];
+    for await (const e of rt.events(runId)) events.push(e);
+    const of = (type: string) => events.filter((e) => e.type === type).map((e) => e.data);
+    const taken = of('turn.takenOver');
+    expect(taken).toHaveLength(1);
+    expect(taken[0]).toMatchObject({ stepId: 'research', attempt: 1, turn: 1 });
+    const [before, after] = [taken[0]!['previousWorker'], taken[0]!['worker']] as { pid: number }[];
+    expect(before!.pid).not.toBe(after!.pid);
+    // Turn 0 was committed by the killed worker; turn 1's calls ran there, and are receipts now.
+    const calls = of('tool.called').map((c) => [c['turn'], c['replayed']]);
+    expect(calls.filter(([turn]) => turn === 0).every(([, replayed]) => replayed === false)).toBe(
+      true,
+    );
+    const turn1 = calls.filter(([turn]) => turn === 1);
+    expect(turn1.length).toBeGreaterThan(0);
+    expect(turn1.every(([, replayed]) => replayed === true)).toBe(true);
+    // Turn 1's reply came from the journal: no second model call for it.
+    expect(of('model.called').map((c) => c['turn'])).toEqual([0, 2]);
+    const ran = of('turn.ran').map((r) => [r['turn'], (r['worker'] as { pid: number }).pid]);
+    expect(ran).toEqual([
+      [0, before!.pid],
+      [1, after!.pid],
+      [2, after!.pid],
+    ]);
+  });
+
+  it("killed after the tools of turn 0, whose last call is read-only: that call's receipt comes with the commit, so only it runs again", async () => {
+    const { runId, report } = await crashAndResume('after-tools:research:0');
+    expect(report.status).toBe('succeeded');
+    expect(report.summary.produced['research']).toEqual(uncrashed ?? expect.anything());
+    const done = effects(runId);
+    expect(done.map((e) => `${e.tool} ${JSON.stringify(e.args)}`)).toEqual([
+      'search {"q":"alpha"}',
+      'save_note {"text":"first","key":true}',
+      'search {"q":"beta"}',
+      'search {"q":"beta"}',
+      'save_note {"text":"second","key":true}',
+    ]);
+    expect(done[3]!.pid).not.toBe(done[2]!.pid);
+    expect(asked(runId)).toEqual([1, 1, 1]);
+    const ledger = await rt.ledger(runId);
+    expect(ledger.map((e) => [e.state, e.runs])).toEqual([
+      ['SUCCEEDED', 1],
+      ['SUCCEEDED', 1],
+      ['SUCCEEDED', 1],
+      ['SUCCEEDED', 1],
+    ]);
+  });
+
   it('killed between the second and the third tool of a reply, the resume runs only the third', async () => {
     const { runId, report } = await crashAndResume('between-tools:research:0:2');
     expect(report.status).toBe('succeeded');
@@ -240,7 +219,7 @@ describe('granular agent steps across SIGKILL', () => {
       },
     );
     expect(report.status).toBe('succeeded');
-    const history = await rt.core.history.read(runId, 'research');
+    const history = await runtimeCore(rt).history.read(runId, 'research');
     const stored = history.filter(
       (m) => m.role === 'tool' && (m.tool_call_id === 's1' || m.tool_call_id === 's2'),
     );
@@ -276,5 +255,39 @@ describe('granular agent steps across SIGKILL', () => {
     expect(effects(runId)).toHaveLength(3);
     expect(asked(runId)).toEqual([1, 1]);
     expect(report.steps[0]!.agent).toMatchObject({ turns: 1 });
+  });
+  it.each([
+    ["the price of the agent's model", 'pricing', { INPUT_PRICE: '0.15' }, { INPUT_PRICE: '0.3' }],
+    [
+      'the policy version',
+      'policyVersion',
+      { POLICY_VERSION: '2026-10' },
+      { POLICY_VERSION: '2026-11' },
+    ],
+  ] as const)(
+    'a change of %s between the crash and the resume fails the run, naming it; nothing runs',
+    async (_what, field, before, after) => {
+      const runId = `run-${Math.random().toString(36).slice(2, 10)}`;
+      await rt.start(plan, runId, { runId });
+      const doomed = await spawnChild({ ...before, FLUJO_KILL_AT: 'after-journal:research:1' });
+      expect(await doomed.exited).toEqual({ code: null, signal: 'SIGKILL' });
+      const resumer = await spawnChild({ ...after });
+      const report = await settled(runId);
+      resumer.proc.kill('SIGTERM');
+      await resumer.exited;
+      expect(report.status).toBe('failed');
+      expect(report.summary.reason).toBe('resume_error');
+      expect(report.steps[0]!.error!.details).toMatchObject({ recoverable: false, field });
+      expect(effects(runId)).toHaveLength(3);
+      expect(asked(runId)).toEqual([1, 1]);
+      expect(report.steps[0]!.agent).toMatchObject({ turns: 1 });
+    },
+  );
+
+  it('the same price and policy version after the crash: the run resumes and succeeds', async () => {
+    const same = { INPUT_PRICE: '0.15', POLICY_VERSION: '2026-11' };
+    const { runId, report } = await crashAndResume('after-journal:research:1', same, same);
+    expect(report.status).toBe('succeeded');
+    expect(asked(runId)).toEqual([1, 1, 1]);
   });
 });

@@ -1,5 +1,5 @@
 /**
- * The fingerprint check of a granular turn (DESIGN §3 step 3, §5): a turn after the first runs only
+ * The fingerprint check of a granular turn: a turn after the first runs only
  * under the fingerprint the first turn stored; any change of what shapes the turns is an
  * irrecoverable ResumeError naming the change, raised before the model or any tool is touched.
  */
@@ -79,7 +79,7 @@ beforeEach(async () => {
   deps = {
     ledger: createLedger(stores),
     leaseMs: 5000,
-    beforeToolRun: () => {
+    beforeRun: () => {
       calls++;
       return Promise.resolve();
     },

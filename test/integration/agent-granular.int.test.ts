@@ -1,11 +1,11 @@
 import { createHash, randomUUID } from 'node:crypto';
-import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import {
   createRuntime,
-  defineAgent,
   defineTool,
   type AgentDefinition,
+  type AgentSpec,
   type Chunk,
   type FlujoWorker,
   type PlanInput,
@@ -15,15 +15,16 @@ import {
 } from '../../src/index.js';
 import { runSteps } from '../../src/machines/kernel.js';
 import type { Logger } from '../../src/logging.js';
-import { startScriptedModelServer, type ScriptedModelServer } from '../../src/testing/index.js';
-import { JobName } from '../../src/worker/jobs.js';
+import { JobName } from '../../src/actors/jobs.js';
 import { deleteRuntimeKeys, redisUrl } from '../helpers/redis.js';
 import { heldTool } from '../helpers/held-tool.js';
+import { granularPlan, scriptedAgent, useScriptedModel } from '../helpers/scripted-agent.js';
+import { runtimeCore } from '../../src/runtime.js';
 
 const sha256 = (text: string) => createHash('sha256').update(text).digest('hex');
 
 describe('granular agent steps', () => {
-  let model: ScriptedModelServer;
+  const model = useScriptedModel();
   let runtime: Runtime;
   let worker: FlujoWorker;
   let prefix: string;
@@ -63,30 +64,15 @@ describe('granular agent steps', () => {
     },
   });
 
-  const agentWith = (over: Partial<Parameters<typeof defineAgent>[0]> = {}): AgentDefinition =>
-    defineAgent({
+  const agentWith = (over: Partial<AgentSpec> = {}): AgentDefinition =>
+    scriptedAgent(model, {
       name: 'researcher',
-      model: 'gpt-test',
-      provider: { baseURL: model.url, apiKey: 'test-key' },
       systemPrompt: 'Research, save notes, answer.',
       tools: [search, saveNote()],
-      timeoutMs: 2000,
       ...over,
     });
 
-  const plan = (over: Record<string, unknown> = {}): PlanInput => ({
-    name: 'granular',
-    steps: [
-      {
-        id: 'research',
-        kind: 'agent',
-        agent: 'researcher',
-        mode: 'granular',
-        retry: { maxAttempts: 3, initialDelayMs: 20, maxDelayMs: 100, jitter: 0 },
-        ...over,
-      },
-    ],
-  });
+  const plan = (over: Record<string, unknown> = {}): PlanInput => granularPlan('granular', over);
 
   async function start(agent: AgentDefinition, runtimeOptions: object = {}): Promise<void> {
     runtime = createRuntime({ redis: redisUrl(), prefix, logger, ...runtimeOptions }).agent(agent);
@@ -94,14 +80,7 @@ describe('granular agent steps', () => {
     await worker.ready();
   }
 
-  beforeAll(async () => {
-    model = await startScriptedModelServer();
-  });
-  afterAll(async () => {
-    await model.close();
-  });
   beforeEach(() => {
-    model.reset();
     effects = [];
     warnings = [];
     prefix = `t-${randomUUID().slice(0, 8)}`;
@@ -135,7 +114,7 @@ describe('granular agent steps', () => {
     expect(model.requests.map((r) => r.messages.length)).toEqual([2, 4, 6]);
     expect(model.requests[2]!.messages[0]).toMatchObject({ role: 'system' });
 
-    const history = await runtime.core.history.read(run.runId, 'research');
+    const history = await runtimeCore(runtime).history.read(run.runId, 'research');
     expect(history.map((m) => m.role)).toEqual([
       'user',
       'assistant',
@@ -151,7 +130,7 @@ describe('granular agent steps', () => {
       content: JSON.stringify({ hits: ['durable agents 1', 'durable agents 2'] }),
     });
     // The snapshot keeps a cursor, not a copy.
-    const step = runSteps((await runtime.core.store.load(run.runId)).snapshot)[0]!;
+    const step = runSteps((await runtimeCore(runtime).store.load(run.runId)).snapshot)[0]!;
     expect(step.agent).toMatchObject({ turns: 3, cursor: 6 });
     // Each tool call once, keyed by sha256(run:step:turn:toolCallId), with the turn's key.
     const ledger = await runtime.ledger(run.runId);
@@ -165,9 +144,9 @@ describe('granular agent steps', () => {
     ]);
     // Every reply journaled; one turn.committed per turn, the last committed with the success.
     for (let t = 0; t < 3; t++) {
-      expect(await runtime.core.journal.get(run.runId, 'research', t)).not.toBeNull();
+      expect(await runtimeCore(runtime).journal.get(run.runId, 'research', t)).not.toBeNull();
     }
-    const events = await runtime.core.store.readEvents(run.runId);
+    const events = await runtimeCore(runtime).store.readEvents(run.runId);
     const turns = events.filter((e) => e.type === 'turn.committed');
     expect(turns.map((e) => [e.data['turn'], e.data['cursor']])).toEqual([
       [0, 3],
@@ -218,7 +197,7 @@ describe('granular agent steps', () => {
     const run = await runtime.start(plan(), 'Go.');
     expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
     expect(effects.map((e) => e.args)).toEqual([{ q: 'one' }, { q: 'two' }, { text: 'three' }]);
-    const history = await runtime.core.history.read(run.runId, 'research');
+    const history = await runtimeCore(runtime).history.read(run.runId, 'research');
     expect(history.slice(2, 5).map((m) => (m.role === 'tool' ? m.tool_call_id : m.role))).toEqual([
       'a',
       'b',
@@ -243,13 +222,13 @@ describe('granular agent steps', () => {
     for (let i = 0; i < 200 && model.requestCount < 2; i++)
       await new Promise((r) => setTimeout(r, 10));
     expect(model.requestCount).toBe(2);
-    const before = await runtime.core.history.length(run.runId, 'research');
+    const before = await runtimeCore(runtime).history.length(run.runId, 'research');
     expect(before).toBe(3);
     const data = (turn: number) => ({ runId: run.runId, stepId: 'research', attempt: 1, turn });
-    const redelivered = await runtime.core.queue.add(JobName.turn, data(0), {
+    const redelivered = await runtimeCore(runtime).queue.add(JobName.turn, data(0), {
       jobId: `redo-${randomUUID()}`,
     });
-    const ahead = await runtime.core.queue.add(JobName.turn, data(5), {
+    const ahead = await runtimeCore(runtime).queue.add(JobName.turn, data(5), {
       jobId: `gap-${randomUUID()}`,
     });
     for (let i = 0; i < 200; i++) {
@@ -258,11 +237,11 @@ describe('granular agent steps', () => {
       await new Promise((r) => setTimeout(r, 10));
     }
     const finished = async (id: string) =>
-      (await runtime.core.queue.getJob(id))?.returnvalue as unknown;
+      (await runtimeCore(runtime).queue.getJob(id))?.returnvalue as unknown;
     expect(await finished(redelivered.id!)).toBe('turn-committed');
     expect(await finished(ahead.id!)).toBe('turn-gap');
     expect(model.requestCount).toBe(2);
-    expect(await runtime.core.history.length(run.runId, 'research')).toBe(before);
+    expect(await runtimeCore(runtime).history.length(run.runId, 'research')).toBe(before);
     release();
     expect(warnings.map((w) => w.message).filter((m) => m.startsWith('turn job'))).toEqual([
       'turn job ahead of the committed turns: resuming from the committed turn',
@@ -282,7 +261,7 @@ describe('granular agent steps', () => {
     expect(done.status).toBe('failed');
     expect(done.summary.reason).toBe('max_turns_exceeded');
     expect(done.steps[0]!.agent).toMatchObject({ turns: 2, cursor: 5 });
-    expect(await runtime.core.history.length(run.runId, 'research')).toBe(5);
+    expect(await runtimeCore(runtime).history.length(run.runId, 'research')).toBe(5);
     expect(model.requestCount).toBe(2);
   });
 
@@ -306,8 +285,8 @@ describe('granular agent steps', () => {
     expect(done.steps[0]!.error?.message).toContain('the index is gone');
     // Turn 0 stays committed, turn 1 left nothing behind but its journaled reply.
     expect(done.steps[0]!.agent).toMatchObject({ turns: 1, cursor: 3 });
-    expect(await runtime.core.history.length(run.runId, 'research')).toBe(3);
-    expect(await runtime.core.journal.get(run.runId, 'research', 1)).not.toBeNull();
+    expect(await runtimeCore(runtime).history.length(run.runId, 'research')).toBe(3);
+    expect(await runtimeCore(runtime).journal.get(run.runId, 'research', 1)).not.toBeNull();
   });
 
   describe('idempotency enforcement', () => {
@@ -401,9 +380,9 @@ describe('granular agent steps', () => {
     // Live before the step's success, which comes last.
     expect(seen.at(-1)).toMatchObject({ type: 'success', stepId: 'research' });
     expect(seen.findIndex((o) => o.type === 'chunk')).toBeLessThan(seen.length - 1);
-    const events = await runtime.core.store.readEvents(run.runId);
+    const events = await runtimeCore(runtime).store.readEvents(run.runId);
     expect(events.some((e) => JSON.stringify(e.data).includes('chunk'))).toBe(false);
-    const history = await runtime.core.history.read(run.runId, 'research');
+    const history = await runtimeCore(runtime).history.read(run.runId, 'research');
     expect(history.at(-1)).toEqual({ role: 'assistant', content: answer });
   });
 

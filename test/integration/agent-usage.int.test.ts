@@ -1,28 +1,29 @@
 /**
- * Usage accounting, blobs and truncation of agent steps (DESIGN §6, §7; seed 000 §6, §8, §11), on
- * the scripted model server and a real Redis: what is reserved and charged per model call, what
- * the model is sent, and what the history keeps.
+ * Usage accounting, blobs and truncation of agent steps, on the scripted model server and a real
+ * Redis: what is reserved and charged per model call, what the model is sent, and what the history
+ * keeps.
  */
 import { randomUUID } from 'node:crypto';
-import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import {
   createRuntime,
-  defineAgent,
   defineTool,
   type AgentDefinition,
+  type AgentSpec,
   type FlujoWorker,
   type PlanInput,
   type Runtime,
   type RuntimeOptions,
 } from '../../src/index.js';
 import type { Logger } from '../../src/logging.js';
-import { startScriptedModelServer, type ScriptedModelServer } from '../../src/testing/index.js';
-import { JobName } from '../../src/worker/jobs.js';
+import { JobName } from '../../src/actors/jobs.js';
 import { deleteRuntimeKeys, redisUrl } from '../helpers/redis.js';
 import { heldTool } from '../helpers/held-tool.js';
+import { granularPlan, scriptedAgent, useScriptedModel } from '../helpers/scripted-agent.js';
+import { runtimeCore } from '../../src/runtime.js';
 
-let model: ScriptedModelServer;
+const model = useScriptedModel();
 let runtime: Runtime;
 let worker: FlujoWorker;
 let prefix: string;
@@ -55,32 +56,18 @@ const fetchPage = defineTool({
   run: ({ url }) => ({ url, body: `<p>${'y'.repeat(30_000)}</p>` }),
 });
 
-const agentWith = (over: Partial<Parameters<typeof defineAgent>[0]> = {}): AgentDefinition =>
-  defineAgent({
+const agentWith = (over: Partial<AgentSpec> = {}): AgentDefinition =>
+  scriptedAgent(model, {
     name: 'researcher',
     model: 'gpt-4o-mini',
-    provider: { baseURL: model.url, apiKey: 'test-key' },
     systemPrompt: 'Research, then answer.',
     tools: [search, fetchPage],
     settings: { maxTokens: 200 },
-    timeoutMs: 2000,
     ...over,
   });
 
-const plan = (step: Record<string, unknown> = {}, budgets?: object): PlanInput => ({
-  name: 'usage',
-  ...(budgets === undefined ? {} : { budgets }),
-  steps: [
-    {
-      id: 'research',
-      kind: 'agent',
-      agent: 'researcher',
-      mode: 'granular',
-      retry: { maxAttempts: 3, initialDelayMs: 20, maxDelayMs: 100, jitter: 0 },
-      ...step,
-    },
-  ],
-});
+const plan = (step: Record<string, unknown> = {}, budgets?: object): PlanInput =>
+  granularPlan('usage', step, budgets === undefined ? {} : { budgets });
 
 const pricing = { models: { 'gpt-4o-mini': { inputPerMillion: 0.15, outputPerMillion: 0.6 } } };
 
@@ -90,14 +77,7 @@ async function start(agent: AgentDefinition, options: Partial<RuntimeOptions> = 
   await worker.ready();
 }
 
-beforeAll(async () => {
-  model = await startScriptedModelServer();
-});
-afterAll(async () => {
-  await model.close();
-});
 beforeEach(() => {
-  model.reset();
   warnings = [];
   prefix = `t-${randomUUID().slice(0, 8)}`;
 });
@@ -139,7 +119,7 @@ describe('usage of agent steps', () => {
       spentMicroUsd: 57,
     });
     // The journal knows which reservation each reply was charged to.
-    const reply = await runtime.core.journal.get(run.runId, 'research', 0);
+    const reply = await runtimeCore(runtime).journal.get(run.runId, 'research', 0);
     expect(reply?.reservationId).toBe(usage.reservations[0]!.id);
   });
 
@@ -189,14 +169,14 @@ describe('usage of agent steps', () => {
       await new Promise((r) => setTimeout(r, 10));
     const before = (await runtime.usage(run.runId)).reservations;
     expect(before).toHaveLength(2);
-    const job = await runtime.core.queue.add(
+    const job = await runtimeCore(runtime).queue.add(
       JobName.turn,
       { runId: run.runId, stepId: 'research', attempt: 1, turn: 0 },
       { jobId: `redo-${randomUUID()}` },
     );
     for (let i = 0; i < 200 && !(await job.isCompleted()); i++)
       await new Promise((r) => setTimeout(r, 10));
-    expect((await runtime.core.queue.getJob(job.id!))?.returnvalue).toBe('turn-committed');
+    expect((await runtimeCore(runtime).queue.getJob(job.id!))?.returnvalue).toBe('turn-committed');
     expect((await runtime.usage(run.runId)).reservations).toEqual(before);
     release();
     expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
@@ -269,14 +249,14 @@ describe('token estimates', () => {
     await start(agentWith(), {
       logger: { ...logger, info: (fields, message) => infos.push({ fields, message }) },
     });
-    expect(runtime.core.tokens('gpt-4o-mini')).toMatchObject({
+    expect(runtimeCore(runtime).tokens('gpt-4o-mini')).toMatchObject({
       exact: true,
       encoding: 'o200k_base',
     });
-    const guess = runtime.core.tokens('llama-3-8b');
+    const guess = runtimeCore(runtime).tokens('llama-3-8b');
     expect(guess).toMatchObject({ exact: false, encoding: null });
     expect(guess.countText('x'.repeat(41))).toBe(11);
-    expect(runtime.core.tokens('llama-3-8b')).toBe(guess);
+    expect(runtimeCore(runtime).tokens('llama-3-8b')).toBe(guess);
     expect(infos).toEqual([
       {
         fields: { model: 'llama-3-8b' },
@@ -296,19 +276,21 @@ describe('blobs and truncation', () => {
     );
     const run = await runtime.start(plan(), 'Go.');
     expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
-    const history = await runtime.core.history.read(run.runId, 'research');
+    const history = await runtimeCore(runtime).history.read(run.runId, 'research');
     const stored = history[2]!.content!;
     expect(stored).toMatch(/^<<FL_BLOB_REF:[0-9a-f]{64}:size=50\d{3}>>$/);
     // The model saw the whole result.
     const sent = model.requests[1]!.messages.find((m) => m.role === 'tool');
     expect(sent?.content).toBe(JSON.stringify({ q: 'big', text: words(50_000) }));
-    expect(await runtime.core.redis.hget(runtime.core.keys.blobs(run.runId), 'count')).toBe('1');
+    expect(
+      await runtimeCore(runtime).redis.hget(runtimeCore(runtime).keys.blobs(run.runId), 'count'),
+    ).toBe('1');
     // The ledger records the reference, not a second copy of the 50 KB.
     const [entry, ...others] = await runtime.ledger(run.runId);
     expect(others).toEqual([]);
     expect(entry?.receipt).toEqual({ $flujoBlob: stored });
-    const ledgerKey = runtime.core.keys.ledger(run.runId, 'default');
-    const ledgerBytes = Number(await runtime.core.redis.call('MEMORY', 'USAGE', ledgerKey));
+    const ledgerKey = runtimeCore(runtime).keys.ledger(run.runId, 'default');
+    const ledgerBytes = Number(await runtimeCore(runtime).redis.call('MEMORY', 'USAGE', ledgerKey));
     expect(ledgerBytes).toBeGreaterThan(0);
     expect(ledgerBytes).toBeLessThan(5_000);
   });
@@ -333,9 +315,9 @@ describe('blobs and truncation', () => {
       for (let i = 0; i < 200 && model.requestCount < 2; i++)
         await new Promise((r) => setTimeout(r, 10));
       // The retention elapsed: the blob is gone before the next turn reads it back.
-      const blobKeys = await runtime.core.redis.keys(`${prefix}:{${run.runId}}:blob:*`);
+      const blobKeys = await runtimeCore(runtime).redis.keys(`${prefix}:{${run.runId}}:blob:*`);
       expect(blobKeys).toHaveLength(1);
-      await runtime.core.redis.del(...blobKeys);
+      await runtimeCore(runtime).redis.del(...blobKeys);
       release();
       const done = await run.settled({ timeoutMs: 10_000 });
       if (!degraded) {
@@ -369,7 +351,7 @@ describe('blobs and truncation', () => {
     model.enqueue({ text: 'Done.' });
     const run = await runtime.start(plan({ historyMaxTokens: 500 }), 'The first question.');
     expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
-    const history = await runtime.core.history.read(run.runId, 'research');
+    const history = await runtimeCore(runtime).history.read(run.runId, 'research');
     expect(history).toHaveLength(1 + 2 * turns + 1);
     const last = model.requests.at(-1)!.messages;
     expect(last[0]).toEqual({ role: 'user', content: 'The first question.' });

@@ -1,29 +1,15 @@
-import { execFile } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startScriptedModelServer, type ScriptedModelServer } from '../../src/testing/index.js';
-import { connect, deleteRuntimeKeys, redisUrl } from '../helpers/redis.js';
+import { root, runFlujo } from '../helpers/cli.js';
+import { connect, deleteRuntimeKeys } from '../helpers/redis.js';
 
-const exec = promisify(execFile);
-const root = new URL('../../', import.meta.url).pathname;
-
-async function flujo(args: string[], env: Record<string, string>, cwd = root) {
-  try {
-    const { stdout, stderr } = await exec(
-      `${root}node_modules/.bin/node`,
-      [`${root}bin/flujo.js`, ...args],
-      { cwd, env: { ...process.env, REDIS_URL: redisUrl(), ...env }, timeout: 30_000 },
-    );
-    return { code: 0, stdout, stderr };
-  } catch (error) {
-    const e = error as { code: number; stdout: string; stderr: string };
-    return { code: e.code, stdout: e.stdout, stderr: e.stderr };
-  }
-}
+/** `flujo <args>`; the prefix is each command's `--prefix`. */
+const flujo = (args: string[], env: Record<string, string>, cwd = root) =>
+  runFlujo(args, { cwd, env, timeoutMs: 30_000 });
 
 describe('flujo run with an agent step', () => {
   let model: ScriptedModelServer;
@@ -41,9 +27,9 @@ describe('flujo run with an agent step', () => {
     const r = await flujo(['run', 'test/fixtures/jobs/agent.ts', '--prefix', prefix, '--json'], {
       MODEL_URL: model.url,
     });
-    expect(r.stderr).toBe('');
+    expect(r.err).toBe('');
     expect(r.code).toBe(0);
-    const result = r.stdout
+    const result = r.out
       .trim()
       .split('\n')
       .map(
@@ -57,6 +43,28 @@ describe('flujo run with an agent step', () => {
     expect(model.requestCount).toBe(1);
   });
 
+  it('shows a streaming agent’s reply live; --quiet hides it', async () => {
+    model.enqueue({ text: 'Hello, streamed world.' }, { text: 'Hello, streamed world.' });
+    const env = { MODEL_URL: model.url };
+    const shown = await flujo(
+      ['run', 'test/fixtures/jobs/agent-stream.ts', '--prefix', prefix],
+      env,
+    );
+    expect(shown.code, shown.err).toBe(0);
+    const lines = shown.out.split('\n');
+    const says = lines.findIndex((l) => l.includes('talk: turn 1 says:'));
+    expect(says).toBeGreaterThan(0);
+    expect(lines[says + 1]).toBe('    Hello, streamed world.');
+    const quiet = await flujo(
+      ['run', 'test/fixtures/jobs/agent-stream.ts', '--prefix', prefix, '--quiet'],
+      env,
+    );
+    expect(quiet.code, quiet.err).toBe(0);
+    expect(quiet.out).not.toContain('says:');
+    expect(quiet.out).not.toContain('Hello, streamed world.');
+    expect(quiet.out).toContain('talk: RUNNING → SUCCEEDED');
+  });
+
   it('flujo usage shows each model call: reserved, spent, how it was reconciled; --json too', async () => {
     model.enqueue({ text: 'Counted.', usage: { prompt_tokens: 42, completion_tokens: 7 } });
     const runId = `usage-${randomUUID().slice(0, 8)}`;
@@ -67,14 +75,14 @@ describe('flujo run with an agent step', () => {
     expect(run.code).toBe(0);
     const human = await flujo(['usage', runId, '--prefix', prefix], {});
     expect(human.code).toBe(0);
-    const lines = human.stdout.trim().split('\n');
+    const lines = human.out.trim().split('\n');
     expect(lines[0]).toMatch(/^STEP\s+TURN\s+RESERVED\s+SPENT\s+COST\s+RECONCILED\s+AT$/);
     expect(lines[1]).toMatch(
       /^ask\s+0\s+\d+ tok \$0\.000000\s+42\+7 tok\s+\$0\.000000\s+usage \(the provider's\)/,
     );
     expect(lines[2]).toMatch(/^total: spent 49 tokens \$0\.000000; reserved now 0 tokens/);
     const json = await flujo(['usage', runId, '--prefix', prefix, '--json'], {});
-    const usage = JSON.parse(json.stdout) as {
+    const usage = JSON.parse(json.out) as {
       reservations: { turn: number; outcome: string; charged: { tokens: number } }[];
       totals: { spentTokens: number };
     };
@@ -84,7 +92,7 @@ describe('flujo run with an agent step', () => {
     expect(usage.totals.spentTokens).toBe(49);
     const unknown = await flujo(['usage', 'no-such-run', '--prefix', prefix], {});
     expect(unknown.code).toBe(2);
-    expect(unknown.stderr).toMatch(/no-such-run/);
+    expect(unknown.err).toMatch(/no-such-run/);
   });
 
   it('prices model calls from the pricing file a job module names; strict pricing refuses an unpriced model', async () => {
@@ -97,7 +105,7 @@ describe('flujo run with an agent step', () => {
     expect(run.code).toBe(0);
     const usage = await flujo(['usage', priced, '--prefix', prefix, '--json'], {});
     // 1000 × 0.15 + 500 × 0.6 micro-USD.
-    expect(JSON.parse(usage.stdout)).toMatchObject({ totals: { spentMicroUsd: 450 } });
+    expect(JSON.parse(usage.out)).toMatchObject({ totals: { spentMicroUsd: 450 } });
 
     const seen = model.requestCount;
     const unpriced = `unpriced-${randomUUID().slice(0, 8)}`;
@@ -106,21 +114,21 @@ describe('flujo run with an agent step', () => {
       MODEL: 'llama-3-8b',
     });
     expect(refused.code).toBe(1);
-    expect(refused.stdout).toContain('pricing_not_configured');
+    expect(refused.out).toContain('pricing_not_configured');
     expect(model.requestCount).toBe(seen);
 
     const bad = await flujo(['run', job, '--prefix', prefix], { PRICING: './pricing-bad.json' });
     expect(bad.code).toBe(2);
-    expect(bad.stderr.trim().split('\n')).toHaveLength(1);
-    expect(bad.stderr).toMatch(/pricing-bad\.json.*models\["gpt-4o-mini"\]\.inputPerMillion/);
+    expect(bad.err.trim().split('\n')).toHaveLength(1);
+    expect(bad.err).toMatch(/pricing-bad\.json.*models\["gpt-4o-mini"\]\.inputPerMillion/);
   });
 
   it('refuses a module whose agent step names an agent it does not define, writing nothing', async () => {
     const r = await flujo(['run', 'test/fixtures/jobs/agent-unknown.ts', '--prefix', prefix], {});
     expect(r.code).toBe(2);
-    expect(r.stderr.trim().split('\n')).toHaveLength(1);
-    expect(r.stderr).toContain('step "ask" uses agent "ghost"');
-    expect(r.stderr).toContain('export const agents');
+    expect(r.err.trim().split('\n')).toHaveLength(1);
+    expect(r.err).toContain('step "ask" uses agent "ghost"');
+    expect(r.err).toContain('export const agents');
   });
 });
 
@@ -148,9 +156,9 @@ describe('a job module whose agents are a function, built after setup', () => {
       { MODEL_URL: model.url, AGENTS_CASE: '' },
       cwd,
     );
-    expect(r.stderr).toBe('');
+    expect(r.err).toBe('');
     expect(r.code).toBe(0);
-    const last = JSON.parse(r.stdout.trim().split('\n').at(-1)!) as {
+    const last = JSON.parse(r.out.trim().split('\n').at(-1)!) as {
       summary: { produced: Record<string, unknown> };
     };
     expect(last.summary.produced['ask']).toMatchObject({ answer: 'Hello after setup.' });
@@ -185,9 +193,9 @@ describe('a job module whose agents are a function, built after setup', () => {
         cwd,
       );
       expect(r.code).toBe(2);
-      expect(r.stdout).toBe('');
-      expect(r.stderr.trim().split('\n')).toHaveLength(1);
-      expect(r.stderr).toContain(`job module ${JSON.stringify(job)}: ${c.says}`);
+      expect(r.out).toBe('');
+      expect(r.err.trim().split('\n')).toHaveLength(1);
+      expect(r.err).toContain(`job module ${JSON.stringify(job)}: ${c.says}`);
       expect(log()).toBe(`setup\nagents same dataDir\nteardown\n`);
       // No run, no job, no event under the prefix. (BullMQ may record its queue's version in
       // the queue's meta key as the runtime connects, as for any command that connects.)

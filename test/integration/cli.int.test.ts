@@ -2,27 +2,17 @@
  * The real `flujo` binary (bin/flujo.js → dist; the test command builds first) against the suite's
  * Redis, each test on its own key prefix (FLUJO_PREFIX), and against the embedded redis-server.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { connect, deletePrefix, redisUrl, testPrefix } from '../helpers/redis.js';
+import { root, startFlujo, type ChildResult } from '../helpers/cli.js';
+import { connect, deletePrefix, testPrefix } from '../helpers/redis.js';
 
-const root = fileURLToPath(new URL('../../', import.meta.url));
-const node = join(root, 'node_modules', '.bin', 'node');
-const bin = join(root, 'bin', 'flujo.js');
 const GATED = 'test/fixtures/jobs/gated.ts';
 const LINE = 'test/fixtures/jobs/line.ts';
-
-interface Result {
-  code: number | null;
-  out: string;
-  err: string;
-  lines: string[];
-}
 
 interface FlujoOptions {
   prefix?: string;
@@ -36,30 +26,20 @@ interface FlujoOptions {
 const workers = new Map<string, ChildProcess>();
 const workerPid = (prefix: string) => workers.get(prefix);
 
-function flujo(args: string[], options: FlujoOptions = {}): Promise<Result> {
-  const env: NodeJS.ProcessEnv = { ...process.env, USER: 'tester' };
-  delete env['REDIS_URL'];
-  delete env['FLUJO_PREFIX'];
-  if (options.embedded !== true) env['REDIS_URL'] = redisUrl();
-  if (options.prefix !== undefined) env['FLUJO_PREFIX'] = options.prefix;
-  const child = spawn(node, [bin, ...args], { cwd: options.cwd ?? root, env });
-  if (args[0] === 'worker' && options.prefix !== undefined) workers.set(options.prefix, child);
-  let out = '';
-  let err = '';
-  child.stdout.on('data', (d: Buffer) => {
-    out += d.toString();
-    options.onOutput?.(out, child);
+function flujo(args: string[], options: FlujoOptions = {}): Promise<ChildResult> {
+  const running = startFlujo(args, {
+    prefix: options.prefix,
+    cwd: options.cwd,
+    redis: options.embedded === true ? 'none' : 'suite',
+    user: 'tester',
+    onOutput: options.onOutput,
   });
-  child.stderr.on('data', (d: Buffer) => (err += d.toString()));
-  return new Promise((resolve, reject) => {
-    child.once('error', reject);
-    child.once('close', (code) =>
-      resolve({ code, out, err, lines: out.split('\n').filter((l) => l !== '') }),
-    );
-  });
+  if (args[0] === 'worker' && options.prefix !== undefined)
+    workers.set(options.prefix, running.child);
+  return running.done;
 }
 
-const runIdOf = (r: Result): string => /^run (\S+) /.exec(r.lines[0] ?? '')?.[1] ?? '';
+const runIdOf = (r: ChildResult): string => /^run (\S+) /.exec(r.lines[0] ?? '')?.[1] ?? '';
 
 /** Every key of a prefix, including its BullMQ queue keys (`{<prefix>:q}…`). */
 async function keysOf(redis: Redis, prefix: string): Promise<string[]> {
@@ -105,7 +85,7 @@ describe('flujo gates through the CLI', { timeout: 60_000 }, () => {
     expect(run.code).toBe(3);
     const runId = runIdOf(run);
     expect(run.lines[0]).toBe(`run ${runId} (plan "gated")`);
-    expect(run.lines[1]).toBe(`resume: flujo resume ${runId} ${GATED}`);
+    expect(run.lines[1]).toBe(`resume: npx flujo resume ${runId} ${GATED}`);
     expect(run.out).toContain('draft: RUNNING → SUCCEEDED');
     expect(run.out).toContain('review: PENDING → WAITING_APPROVAL');
     expect(run.out).toContain(`run ${runId} waiting`);
@@ -196,7 +176,7 @@ describe('flujo run', () => {
     expect(r.code).toBe(0);
     const lines = r.lines.map((l) => JSON.parse(l) as Record<string, unknown>);
     expect(lines[0]).toMatchObject({ type: 'run', created: true });
-    expect(lines[0]!['resume']).toBe(`flujo resume ${String(lines[0]!['runId'])} ${LINE}`);
+    expect(lines[0]!['resume']).toBe(`npx flujo resume ${String(lines[0]!['runId'])} ${LINE}`);
     expect(lines.filter((l) => l['to'] === 'SUCCEEDED').map((l) => l['stepId'])).toEqual([
       'a',
       'b',

@@ -11,8 +11,8 @@ import { join } from 'node:path';
 import type { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import type { PlanInput } from '../../src/plan/schema.js';
-import { createRuntime, type Runtime } from '../../src/runtime.js';
-import { stepJobId } from '../../src/worker/jobs.js';
+import { createRuntime, type Runtime, runtimeCore } from '../../src/runtime.js';
+import { stepJobId } from '../../src/actors/jobs.js';
 import { connect, deletePrefix, redisUrl, testPrefix } from '../helpers/redis.js';
 
 const ROOT = join(import.meta.dirname, '..', '..');
@@ -150,7 +150,7 @@ async function waitFor<T>(
 
 /** Counts of committed events per type and per step, from the run's stream. */
 async function committed(runId: string) {
-  const events = await rt.core.store.readEvents(runId);
+  const events = await runtimeCore(rt).store.readEvents(runId);
   const succeeded = new Map<string, number>();
   for (const e of events) {
     if (e.type === 'step.succeeded') {
@@ -269,7 +269,7 @@ describe('driver: worker processes on one queue', () => {
     const byPid = new Map<number, number>();
     for (const e of execs) byPid.set(e.pid, (byPid.get(e.pid) ?? 0) + 1);
     expect([...byPid.keys()].sort()).toEqual([a.pid, b.pid].sort());
-    expect(await redis.scard(rt.core.keys.activeRuns())).toBe(0);
+    expect(await redis.scard(runtimeCore(rt).keys.activeRuns())).toBe(0);
 
     say(
       `[driver] 200 runs × 3 steps on 2 worker processes: ${elapsed} ms, ` +
@@ -352,11 +352,11 @@ describe('driver: a crash between commit and enqueue heals', () => {
     const steps = (await run.status()).steps;
     expect(steps.map((s) => [s.stepId, s.status, s.attempt])).toEqual([
       ['s1', 'SUCCEEDED', 1],
-      ['s2', 'RUNNING', 1],
+      ['s2', 'READY', 1],
       ['s3', 'PENDING', 0],
     ]);
-    expect(await rt.core.queue.getJob(stepJobId(run.runId, 's2', 1))).toBeUndefined();
-    expect(await rt.core.queue.getJobState(stepJobId(run.runId, 's1', 1))).toBe('active');
+    expect(await runtimeCore(rt).queue.getJob(stepJobId(run.runId, 's2', 1))).toBeUndefined();
+    expect(await runtimeCore(rt).queue.getJobState(stepJobId(run.runId, 's1', 1))).toBe('active');
     return { victim, run };
   }
 
@@ -388,7 +388,7 @@ describe('driver: a crash between commit and enqueue heals', () => {
     expect(done.status).toBe('succeeded');
     await checkHealed(run.runId, victim.pid, healer.pid);
     // The crashed unit was not redelivered: recovery did it.
-    expect(await rt.core.queue.getJobState(stepJobId(run.runId, 's1', 1))).toBe('active');
+    expect(await runtimeCore(rt).queue.getJobState(stepJobId(run.runId, 's1', 1))).toBe('active');
   }, 30_000);
 
   it('the redelivered job heals it (a worker without start-up recovery)', async () => {
@@ -398,7 +398,7 @@ describe('driver: a crash between commit and enqueue heals', () => {
     expect(done.status).toBe('succeeded');
     await checkHealed(run.runId, victim.pid, healer.pid);
     // The crashed s1 job came back, found s1 committed (the guard), and enqueued s2.
-    const job = await rt.core.queue.getJob(stepJobId(run.runId, 's1', 1));
+    const job = await runtimeCore(rt).queue.getJob(stepJobId(run.runId, 's1', 1));
     expect(job?.returnvalue).toBe('already-done');
     expect(await job?.getState()).toBe('completed');
   }, 30_000);
@@ -415,10 +415,15 @@ describe('driver: chained units', () => {
     expect(done.summary.produced).toEqual({ s1: { count: 1 }, s2: { count: 2 }, s3: { count: 3 } });
     const c = await committed(run.runId);
     expect(Object.fromEntries(c.succeeded)).toEqual({ s1: 1, s2: 1, s3: 1 });
-    // s1's job ran the whole line: s2 and s3 never had jobs of their own.
-    expect(await rt.core.queue.getJobState(stepJobId(run.runId, 's1', 1))).toBe('completed');
-    expect(await rt.core.queue.getJob(stepJobId(run.runId, 's2', 1))).toBeUndefined();
-    expect(await rt.core.queue.getJob(stepJobId(run.runId, 's3', 1))).toBeUndefined();
+    // s1's job ran the whole line: s2 and s3 never had jobs of their own. settled() resolves on
+    // the run's last commit, which the job makes a moment before it completes.
+    const s1 = stepJobId(run.runId, 's1', 1);
+    for (let i = 0; i < 100 && (await runtimeCore(rt).queue.getJobState(s1)) === 'active'; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    expect(await runtimeCore(rt).queue.getJobState(s1)).toBe('completed');
+    expect(await runtimeCore(rt).queue.getJob(stepJobId(run.runId, 's2', 1))).toBeUndefined();
+    expect(await runtimeCore(rt).queue.getJob(stepJobId(run.runId, 's3', 1))).toBeUndefined();
     const execs = executions().filter((e) => e.runId === run.runId);
     expect(execs.map((e) => [e.stepId, e.pid])).toEqual(STEPS.map((id) => [id, worker.pid]));
   }, 30_000);
@@ -442,7 +447,7 @@ describe('driver: chained units', () => {
     await waitFor('s2 to start', () =>
       executions().find((e) => e.runId === run.runId && e.stepId === 's2'),
     );
-    expect(await rt.core.queue.getJob(stepJobId(run.runId, 's2', 1))).toBeUndefined();
+    expect(await runtimeCore(rt).queue.getJob(stepJobId(run.runId, 's2', 1))).toBeUndefined();
     const late = await spawnWorker({ recoverOnStart: true });
     const done = await run.settled({ timeoutMs: 10_000 });
     expect(done.status).toBe('succeeded');
@@ -462,13 +467,13 @@ describe('driver: chained units', () => {
     );
     expect(exit).toEqual({ code: null, signal: 'SIGKILL' });
     // s1 committed with a note that its job carries s2: s2 has no job of its own.
-    const env = await rt.core.store.load(run.runId);
+    const env = await runtimeCore(rt).store.load(run.runId);
     expect(env.carrier).toBe(`${stepJobId(run.runId, 's1', 1)} ${stepJobId(run.runId, 's2', 1)}`);
-    expect(await rt.core.queue.getJob(stepJobId(run.runId, 's2', 1))).toBeUndefined();
+    expect(await runtimeCore(rt).queue.getJob(stepJobId(run.runId, 's2', 1))).toBeUndefined();
     // A worker that starts now, while the dead carrier's lock still holds, adds nothing: the
     // carrier's job comes back once its lock lapses, and its guard gives s2 a job.
     const healer = await spawnWorker({ recoveryMs: 1000, recoverOnStart: true });
-    expect(await rt.core.queue.getJob(stepJobId(run.runId, 's2', 1))).toBeUndefined();
+    expect(await runtimeCore(rt).queue.getJob(stepJobId(run.runId, 's2', 1))).toBeUndefined();
     const done = await run.settled({ timeoutMs: 10_000 });
     expect(done.status).toBe('succeeded');
     const c = await committed(run.runId);
@@ -479,7 +484,7 @@ describe('driver: chained units', () => {
       ['s2', healer.pid],
       ['s3', healer.pid],
     ]);
-    const job = await rt.core.queue.getJob(stepJobId(run.runId, 's1', 1));
+    const job = await runtimeCore(rt).queue.getJob(stepJobId(run.runId, 's1', 1));
     expect(job?.returnvalue).toBe('already-done');
   }, 30_000);
 });

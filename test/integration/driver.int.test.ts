@@ -6,18 +6,18 @@
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { z } from 'zod';
 import { InputValidationError, StepNotWaitingError } from '../../src/errors.js';
 import type { OperatorContext } from '../../src/actors/execute-step.js';
 import type { JsonValue } from '../../src/internal/json.js';
 import type { PlanInput } from '../../src/plan/schema.js';
 import type { StoredRunEvent } from '../../src/persistence/snapshot-store.js';
-import { createRuntime, type Runtime } from '../../src/runtime.js';
+import { createRuntime, type Runtime, runtimeCore } from '../../src/runtime.js';
 import type { FlujoWorker } from '../../src/worker/worker.js';
 import type { StepOutcome } from '../../src/schemas/outcomes.js';
 import { defineTool } from '../../src/tools/define-tool.js';
-import { retryJobId, stepJobId } from '../../src/worker/jobs.js';
+import { retryJobId, stepJobId } from '../../src/actors/jobs.js';
 import { ledgerCallId } from '../../src/persistence/ledger-ids.js';
 import { connect, deletePrefix, redisUrl, testPrefix } from '../helpers/redis.js';
 
@@ -244,7 +244,7 @@ describe('failures and retries', () => {
       [2, 150],
       [3, 300],
     ] as const) {
-      const job = await rt.core.queue.getJob(retryJobId(run.runId, 'b', attempt));
+      const job = await runtimeCore(rt).queue.getJob(retryJobId(run.runId, 'b', attempt));
       expect(job?.returnvalue).toBe('retry-due');
       expect(job?.opts.delay).toBeGreaterThan(delay - 50);
       expect(job?.opts.delay).toBeLessThanOrEqual(delay);
@@ -307,18 +307,21 @@ describe('failures and retries', () => {
       reason: 'input_invalid',
       produced: { a: { step: 'a' } },
     });
-    expect(await redis.sismember(rt.core.keys.activeRuns(), run.runId)).toBe(0);
+    // Taken out of the active runs right after the final commit (settled() resolves on it).
+    await vi.waitFor(async () =>
+      expect(await redis.sismember(runtimeCore(rt).keys.activeRuns(), run.runId)).toBe(0),
+    );
   });
 });
 
 describe('chained units', () => {
   it('a carried step whose tool call another worker holds gets a job of its own, due when the lease lapses', async () => {
     const runId = `busy-${randomUUID()}`;
-    const tenantId = rt.core.tenantId;
+    const tenantId = runtimeCore(rt).tenantId;
     const args = { cents: 250 };
     // Another worker holds the lease on b's call for 600 ms more, and has gone quiet.
     const callId = ledgerCallId({ tenantId, runId, stepId: 'b', tool: charge.identity, args });
-    await rt.core.ledger.begin(
+    await runtimeCore(rt).ledger.begin(
       { runId, stepId: 'b', tenantId, callId, tool: charge.identity, args },
       600,
     );
@@ -334,14 +337,20 @@ describe('chained units', () => {
     expect(done.status).toBe('succeeded');
     expect(done.summary.produced['b']).toEqual({ charged: 250 });
     // a's job went on with b, met the lease, handed b to a job of its own and ended.
-    expect((await rt.core.queue.getJob(stepJobId(runId, 'a', 1)))?.returnvalue).toBe('busy');
-    const own = await rt.core.queue.getJob(stepJobId(runId, 'b', 1));
-    expect(own?.returnvalue).toBe('succeeded');
+    expect((await runtimeCore(rt).queue.getJob(stepJobId(runId, 'a', 1)))?.returnvalue).toBe(
+      'busy',
+    );
+    // The job completes a moment after its commit (settled() resolves on the commit).
+    const own = await vi.waitFor(async () => {
+      const job = await runtimeCore(rt).queue.getJob(stepJobId(runId, 'b', 1));
+      expect(job?.returnvalue).toBe('succeeded');
+      return job;
+    });
     expect(own!.processedOn! - own!.timestamp).toBeGreaterThanOrEqual(200);
     // No attempt was spent: b ran twice as attempt 1, the tool once (after the lease lapsed).
     expect(stepsCalled(runId)).toEqual(['a#1', 'b#1', 'b#1']);
     expect(charges).toBe(1);
-    expect(await rt.core.ledger.get(runId, tenantId, callId)).toMatchObject({
+    expect(await runtimeCore(rt).ledger.get(runId, tenantId, callId)).toMatchObject({
       state: 'SUCCEEDED',
       runs: 2,
     });
@@ -689,13 +698,13 @@ describe('a restarted worker', () => {
         ),
       );
       // The jobs are lost (as after a crash between create and enqueue): only the index is left.
-      await rt2.core.queue.drain(true);
-      expect(await rt2.core.queue.getJobCounts('wait', 'delayed', 'active')).toEqual({
+      await runtimeCore(rt2).queue.drain(true);
+      expect(await runtimeCore(rt2).queue.getJobCounts('wait', 'delayed', 'active')).toEqual({
         wait: 0,
         delayed: 0,
         active: 0,
       });
-      expect(await redis.scard(rt2.core.keys.activeRuns())).toBe(10);
+      expect(await redis.scard(runtimeCore(rt2).keys.activeRuns())).toBe(10);
 
       // A worker without start-up recovery has nothing to do.
       const idle = rt2.createWorker({ recoverOnStart: false, recoveryMs: 400 });
@@ -712,7 +721,9 @@ describe('a restarted worker', () => {
           expect((await h.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
           expect(stepsCalled(h.runId)).toEqual(['a#1', 'b#1']);
         }
-        expect(await redis.scard(rt2.core.keys.activeRuns())).toBe(0);
+        await vi.waitFor(async () =>
+          expect(await redis.scard(runtimeCore(rt2).keys.activeRuns())).toBe(0),
+        );
       } finally {
         await w.close();
       }

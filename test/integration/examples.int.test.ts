@@ -5,7 +5,7 @@ import { describe, expect, it } from 'vitest';
 import { redisUrl } from '../helpers/redis.js';
 
 const run = promisify(execFile);
-const root = new URL('../../', import.meta.url);
+const root = new URL('../..', import.meta.url);
 const tsx = new URL('node_modules/.bin/tsx', root).pathname;
 
 async function runExample(file: string): Promise<string> {
@@ -27,7 +27,10 @@ describe('examples run as documented', () => {
     const block = /## Quickstart\n\n```ts\n([\s\S]*?)```/.exec(readme)?.[1];
     const file = readFileSync(new URL('examples/quickstart.ts', root), 'utf8');
     expect(block).toBeDefined();
-    expect(squash(block!)).toBe(squash(file.replace("'../src/index.js'", "'flujo'")));
+    const published = file
+      .replace("'../src/index.js'", "'flujo'")
+      .replace("'../src/testing/index.js'", "'flujo/testing'");
+    expect(squash(block!)).toBe(squash(published));
     const out = await runExample('examples/quickstart.ts');
     expect(out).toContain("stepId: 'draft'");
     expect(out).toContain("1 waiting [ { type: 'step.requestApproval', stepId: 'review' } ]");
@@ -35,7 +38,7 @@ describe('examples run as documented', () => {
 
   it('the kernel tour drives a run to success through a retry and a gate', async () => {
     const out = await runExample('examples/kernel-tour/main.ts');
-    expect(out).toContain('summarize RUNNING→FAILED_RETRYABLE');
+    expect(out).toContain('summarize READY→FAILED_RETRYABLE');
     expect(out).toContain('review PENDING→WAITING_APPROVAL');
     expect(out).toMatch(
       /stale writer refused: Snapshot conflict .* expected version 7, found version 8/,

@@ -14,7 +14,11 @@ import { e } from '../helpers/run-trace.js';
 
 // Envelopes written by earlier releases, exactly as they sit in Redis. Each must still load and
 // advance: a change to the snapshot's shape needs a migration in the store's codec, not a break.
-const fixtures = ['v1/run-gated-diamond.json', 'v2/run-gated-diamond.json'];
+const fixtures = [
+  'v1/run-gated-diamond.json',
+  'v2/run-gated-diamond.json',
+  'v3/run-gated-diamond.json',
+];
 
 describe('golden run snapshots from earlier releases', () => {
   let redis: Redis;
@@ -59,11 +63,25 @@ describe('golden run snapshots from earlier releases', () => {
       expect(runSteps(env.snapshot).every((s) => s.agent === null)).toBe(true);
       const next = await store.commit(runId, env.version, snap, [{ type: 'test.advanced' }]);
       expect(next.version).toBe(3);
-      // Written back in the current stored form, which reads back as the same snapshot.
-      const stored = await redis.hgetall(createKeys(prefix).snap(runId));
+      // Written back in the current stored form (a field per step, outputs apart), which reads
+      // back as the same snapshot.
+      const keys = createKeys(prefix);
+      const stored = await redis.hgetall(keys.snap(runId));
       expect(stored['sv']).toBe(String(RUN_SNAPSHOT_SCHEMA_VERSION));
-      expect(JSON.parse(stored['s']!)).toHaveProperty('s.d.v', 'SUCCEEDED');
-      expect(stored['s']!.length).toBeLessThan(JSON.stringify(snap).length / 2);
+      expect(stored['s']).toBeUndefined();
+      expect(JSON.parse(stored['s:d']!)).toHaveProperty('v', 'SUCCEEDED');
+      expect(stored['s:a']).not.toContain('rows');
+      expect(JSON.parse((await redis.hget(keys.outputs(runId), 'a'))!)).toEqual(
+        runSteps(snap).find((s) => s.stepId === 'a')!.output,
+      );
+      const snapshotBytes = Object.entries(stored)
+        .filter(([f]) => !['v', 'sv', 'u', 'c'].includes(f))
+        .reduce((n, [f, v]) => n + f.length + v.length, 0);
+      expect(snapshotBytes).toBeLessThan(JSON.stringify(snap).length / 2);
+      expect((await store.load(runId)).snapshot).toEqual(JSON.parse(JSON.stringify(snap)));
+      // The next commit writes only what changed: here, nothing but the run's own field.
+      const again = await store.commit(runId, next.version, snap, [], { previous: snap });
+      expect(again.version).toBe(4);
       expect((await store.load(runId)).snapshot).toEqual(JSON.parse(JSON.stringify(snap)));
     } finally {
       await store.close();

@@ -1,14 +1,11 @@
-import { execFile } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { promisify } from 'node:util';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { createRuntime, defineTool, type FlujoWorker, type Runtime } from '../../src/index.js';
 import { ledgerCallId } from '../../src/persistence/ledger.js';
+import { runFlujo } from '../helpers/cli.js';
 import { deleteRuntimeKeys, redisUrl } from '../helpers/redis.js';
-
-const exec = promisify(execFile);
-const root = new URL('../../', import.meta.url).pathname;
+import { runtimeCore } from '../../src/runtime.js';
 
 /**
  * A non-idempotent tool whose outcome is unknown (a worker started it and died before recording a
@@ -57,7 +54,7 @@ describe('an in-doubt tool call, resolved by a person', () => {
       tool: charge.identity,
       args,
     });
-    const { ledger } = runtime.core;
+    const { ledger } = runtimeCore(runtime);
     await ledger.prepare({
       runId: run.runId,
       stepId: 'pay',
@@ -79,14 +76,11 @@ describe('an in-doubt tool call, resolved by a person', () => {
     return { runId: run.runId, callId };
   }
 
+  /** `flujo <args>` on the test's prefix; throws with its stderr unless it exits 0. */
   async function flujo(...args: string[]) {
-    return exec(
-      `${root}node_modules/.bin/node`,
-      [`${root}bin/flujo.js`, ...args, '--prefix', prefix],
-      {
-        env: { ...process.env, REDIS_URL: redisUrl() },
-      },
-    );
+    const r = await runFlujo([...args, '--prefix', prefix]);
+    if (r.code !== 0) throw new Error(`flujo ${args.join(' ')} exited ${r.code}: ${r.err}`);
+    return { stdout: r.out };
   }
 
   it('--succeeded records the receipt; the resumed run uses it without calling the tool', async () => {

@@ -84,7 +84,14 @@ describe('quota store: reserve', () => {
       [keys.runReservations(T, R)]: { list: ['res-1'] },
       [keys.openReservations(T, R)]: { set: ['res-1'] },
       [keys.runUsage(T, R)]: {
-        hash: { reservedTokens: '100', reservedMicroUsd: '500', maxTokens: '1000' },
+        hash: {
+          reservedTokens: '100',
+          reservedMicroUsd: '500',
+          maxTokens: '1000',
+          // The step's own counters, in the run's usage.
+          'step:agent:reservedTokens': '100',
+          'step:agent:reservedMicroUsd': '500',
+        },
       },
       [keys.tenantQuota(T)]: { hash: { reservedTokens: '100', reservedMicroUsd: '500' } },
     });
@@ -230,6 +237,49 @@ describe('quota store: reserve', () => {
     });
     expect((e as Error).message).toBe(
       'Run "run-1" would exceed its budget maxTokens: limit 300 tokens, spent 240 tokens, reserved 0 tokens, this call needs 100 tokens. Nothing was reserved. Raise budgets.maxTokens in the plan to allow more.',
+    );
+  });
+
+  it("counts each step apart against its own limits; a step's denial names the step and writes nothing", async () => {
+    const stepLimits = { maxTokens: 249 };
+    await store.reserve(req(1, { stepLimits }));
+    await store.reconcile(T, 'res-1', {
+      kind: 'usage',
+      inputTokens: 100,
+      outputTokens: 50,
+      microUsd: 10,
+    });
+    // Another step of the same run has its own count.
+    await store.reserve(req(2, { stepId: 'other', stepLimits }));
+    await store.reserve(req(3, { stepId: 'other', stepLimits }));
+    const before = await readPrefix(redis, prefix);
+    const e = await caught(store.reserve(req(4, { stepLimits })));
+    expect(e).toBeInstanceOf(UsageLimitExceededError);
+    expect((e as UsageLimitExceededError).details).toEqual({
+      scope: 'step',
+      limit: 'maxTokens',
+      limitValue: 249,
+      used: 150,
+      reserved: 0,
+      requested: 100,
+      runId: R,
+      tenantId: T,
+      stepId: 'agent',
+    });
+    expect((e as Error).message).toBe(
+      'Step "agent" of run "run-1" would exceed its budget maxTokens: limit 249 tokens, spent 150 tokens, reserved 0 tokens, this call needs 100 tokens. Nothing was reserved. Raise the step\'s budgets.maxTokens in the plan to allow more.',
+    );
+    expect(await readPrefix(redis, prefix)).toEqual(before);
+    const usage = await redis.hgetall(keys.runUsage(T, R));
+    expect(usage).toMatchObject({
+      'step:agent:spentTokens': '150',
+      'step:agent:reservedTokens': '0',
+      'step:other:reservedTokens': '200',
+      spentTokens: '150',
+      reservedTokens: '200',
+    });
+    await expect(store.reserve(req(5, { stepLimits: { maxMicroUsd: -1 } }))).rejects.toThrow(
+      /stepLimits\.maxMicroUsd/,
     );
   });
 

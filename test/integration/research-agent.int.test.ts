@@ -6,7 +6,6 @@
  * own key prefix, and the job's data (notes, the e-mail service, the scripted model's port) in a
  * temporary working directory.
  */
-import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -14,11 +13,9 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startService, type Service } from '../../examples/durable-job/service.ts';
 import { notesRecords } from '../../examples/research-agent/job.ts';
-import { deleteRuntimeKeys, redisUrl } from '../helpers/redis.js';
+import { root, runFlujo, type ChildResult } from '../helpers/cli.js';
+import { deleteRuntimeKeys } from '../helpers/redis.js';
 
-const root = join(import.meta.dirname, '..', '..');
-const node = join(root, 'node_modules', '.bin', 'node');
-const bin = join(root, 'bin', 'flujo.js');
 const JOB = join(root, 'examples', 'research-agent', 'job.ts');
 const cwd = mkdtempSync(join(tmpdir(), 'flujo-research-'));
 const dataDir = join(cwd, '.flujo', 'data');
@@ -27,34 +24,9 @@ const prefix = `t-${randomUUID().slice(0, 8)}`;
 // <dataDir>/service.json and leaves it running, so it can be asked what it saw.
 let service: Service;
 
-interface Result {
-  code: number | null;
-  signal: NodeJS.Signals | null;
-  out: string;
-  err: string;
-}
-
-function flujo(args: string[], env: Record<string, string> = {}): Promise<Result> {
-  const child = spawn(node, [bin, ...args], {
-    cwd,
-    // The scripted model, never a real endpoint from the environment.
-    env: {
-      ...process.env,
-      REDIS_URL: redisUrl(),
-      FLUJO_PREFIX: prefix,
-      OPENAI_BASE_URL: '',
-      ...env,
-    },
-  });
-  let out = '';
-  let err = '';
-  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-  child.stderr.on('data', (d: Buffer) => (err += d.toString()));
-  return new Promise((resolve, reject) => {
-    child.once('error', reject);
-    child.once('close', (code, signal) => resolve({ code, signal, out, err }));
-  });
-}
+const flujo = (args: string[], env: Record<string, string> = {}) =>
+  // The scripted model, never a real endpoint from the environment.
+  runFlujo(args, { prefix, cwd, env: { OPENAI_BASE_URL: '', ...env } });
 
 interface Line {
   type?: string;
@@ -62,14 +34,14 @@ interface Line {
   status?: string;
   summary?: { produced: Record<string, { answer: string; turns: number; toolCalls: number }> };
 }
-const lines = (r: Result): Line[] =>
+const lines = (r: ChildResult): Line[] =>
   r.out
     .trim()
     .split('\n')
     .filter((l) => l.startsWith('{'))
     .map((l) => JSON.parse(l) as Line);
-const runIdOf = (r: Result) => lines(r).find((l) => l.type === 'run')?.runId ?? '';
-const answerOf = (r: Result) =>
+const runIdOf = (r: ChildResult) => lines(r).find((l) => l.type === 'run')?.runId ?? '';
+const answerOf = (r: ChildResult) =>
   lines(r).find((l) => l.type === 'result')?.summary?.produced['research']?.answer;
 const modelPort = () =>
   (JSON.parse(readFileSync(join(dataDir, 'research-model.json'), 'utf8')) as { port: number }).port;
@@ -96,7 +68,7 @@ afterAll(async () => {
 });
 
 /** A run that nobody kills (once per file): what the others must come to. */
-let uncrashed: Promise<Result> | undefined;
+let uncrashed: Promise<ChildResult> | undefined;
 const baseline = () => (uncrashed ??= flujo(['run', JOB, '--json']));
 
 describe('examples/research-agent through the flujo CLI', { timeout: 60_000 }, () => {

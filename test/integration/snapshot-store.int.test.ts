@@ -11,7 +11,9 @@ import {
   SnapshotUnsupportedError,
 } from '../../src/errors.js';
 import { createSnapshotCodec } from '../../src/persistence/codec.js';
+import type { JsonValue } from '../../src/internal/json.js';
 import { createKeys } from '../../src/persistence/keys.js';
+import { createLedger } from '../../src/persistence/ledger.js';
 import {
   classifyRedisError,
   describeRedisTarget,
@@ -239,6 +241,52 @@ describe('snapshot store', () => {
     });
     expect(await redis.llen(list)).toBe(2502);
     expect(await redis.lindex(list, 2501)).toBe('m2499');
+  });
+
+  it('writes ledger receipts with the snapshot, all or nothing; a receipt already there stays', async () => {
+    await store.create('run-1', initial);
+    const ledger = createLedger({ redis, prefix, clock: () => 1_600_000_000_000 });
+    const call = (callId: string, args: JsonValue) => ({
+      runId: 'run-1',
+      stepId: 'agent',
+      tenantId: 'default',
+      callId,
+      tool: 'lookup@1',
+      args,
+    });
+    const first = ledger.recordOp(call('a'.repeat(64), { n: 1 }), { found: [1, 2] });
+    // A stale version writes no receipt.
+    await rejection(store.commit('run-1', 5, next(1), [], { ledgerRecords: [first.op] }));
+    expect(await ledger.list('run-1', 'default')).toEqual([]);
+    await store.commit('run-1', 0, next(1), [{ type: 'turn' }], { ledgerRecords: [first.op] });
+    const [written] = await ledger.list('run-1', 'default');
+    expect(written).toMatchObject({
+      state: 'SUCCEEDED',
+      receipt: { found: [1, 2] },
+      runs: 1,
+      seq: 1,
+      args: { n: 1 },
+      createdAt: 1_700_000_000_000,
+      updatedAt: 1_700_000_000_000,
+    });
+    // A second receipt of the same call leaves the first; a new call comes next in order.
+    const again = ledger.recordOp(call('a'.repeat(64), { n: 1 }), { found: [] });
+    const second = ledger.recordOp(call('b'.repeat(64), { n: 2 }), []);
+    await store.commit('run-1', 1, next(2), [], { ledgerRecords: [again.op, second.op] });
+    const entries = await ledger.list('run-1', 'default');
+    expect(entries.map((e) => [e.callId[0], e.seq, e.receipt])).toEqual([
+      ['a', 1, { found: [1, 2] }],
+      ['b', 2, []],
+    ]);
+    // Another run's ledger is refused before any I/O, naming the field.
+    const other = ledger.recordOp({ ...call('c'.repeat(64), {}), runId: 'run-2' }, 1);
+    const err = await rejection(
+      store.commit('run-1', 2, next(3), [], { ledgerRecords: [other.op] }),
+    );
+    expect(err).toBeInstanceOf(InputValidationError);
+    expect((err as InputValidationError).message).toMatch(/ledgerRecords\[0\]\.key/);
+    expect((await store.load('run-1')).version).toBe(2);
+    expect(await ledger.list('run-2', 'default')).toEqual([]);
   });
 
   it('stores a carrier note with a commit; a commit without one leaves it; a stale one writes none', async () => {

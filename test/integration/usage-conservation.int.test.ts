@@ -1,5 +1,5 @@
 /**
- * Usage conservation under crashes (DESIGN P5): 50 granular runs, driven by worker children that
+ * Usage conservation under crashes: 50 granular runs, driven by worker children that
  * are killed with SIGKILL again and again at points drawn from a seeded generator: at each named
  * point of a turn, or while a model request is in flight. At the end no reservation is open, and
  * the tokens spent equal, to the token, the usage the scripted server reported for the replies it
@@ -14,7 +14,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../src/logging.js';
 import type { PlanInput } from '../../src/plan/schema.js';
-import { createRuntime, type Runtime } from '../../src/runtime.js';
+import { createRuntime, type Runtime, runtimeCore } from '../../src/runtime.js';
 import {
   startScriptedModelServer,
   type RecordedRequest,
@@ -210,7 +210,7 @@ describe('usage conservation across SIGKILLs', () => {
     // Each reservation charged either a reply's usage exactly, the baseline, or nothing.
     expect(all.filter((r) => r.outcome === 'usage').length).toBe(answered.length);
     expect(all.every((r) => r.charged !== null)).toBe(true);
-    const tenant = await rt.core.quota.usage('default');
+    const tenant = await runtimeCore(rt).quota.usage('default');
     expect(tenant).toMatchObject({ reservedTokens: 0, spentTokens: spent });
   }, 180_000);
 });

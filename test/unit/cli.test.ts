@@ -37,6 +37,7 @@ describe('flujo validate', () => {
         '  translate (operator) after fetch',
         '  review (human_gate) after summarize, translate [approval]',
         '  publish (operator) after review',
+        'note: steps summarize, translate declare no effects, so their tool calls are not checked against a class; declare e.g. effects: ["read_only", "external"] to refuse any other class before it runs',
       ].join('\n'),
     );
   });
@@ -92,7 +93,7 @@ describe('flujo validate', () => {
   });
 
   it('prints help and the version', async () => {
-    expect((await capture(['--help'])).out).toContain('flujo validate <plan.json>');
+    expect((await capture(['--help'])).out).toContain('flujo validate <plan.json | job-module>');
     expect((await capture(['--version'])).out).toMatch(/^\d+\.\d+\.\d+$/);
   });
 });

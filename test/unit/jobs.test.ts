@@ -9,7 +9,7 @@ import {
   stepJobId,
   turnJobId,
   unitJobOf,
-} from '../../src/worker/jobs.js';
+} from '../../src/actors/jobs.js';
 import { e, planOf, T0 } from '../helpers/run-trace.js';
 
 const line = planOf([

@@ -158,10 +158,12 @@ describe('findNonJson', () => {
     ]);
   });
 
-  it('handles values nested deeper than the call stack', () => {
+  it('handles values nested deeper than the call stack: one issue, past the depth limit', () => {
     let deep: unknown = 'leaf';
     for (let i = 0; i < 100_000; i++) deep = [deep];
-    expect(findNonJson(deep, '')).toEqual([]);
+    const issues = findNonJson(deep, '');
+    expect(issues).toHaveLength(1);
+    expect(issues[0]!.message).toMatch(/^nested deeper than 512 levels/);
   });
 
   it('reports a throwing getter instead of throwing', () => {

@@ -144,7 +144,8 @@ describe('parsePlan: a valid plan', () => {
 
   it('says which steps need approval', () => {
     const plan = parsePlan(source);
-    expect(plan.steps.map(stepNeedsApproval)).toEqual([false, false, false, true, false]);
+    // The last step's riskLevel is high: it waits as if it had a gate.
+    expect(plan.steps.map(stepNeedsApproval)).toEqual([false, false, false, true, true]);
     const gated = parsePlan(planWith(op('a', { gate: {} })));
     expect(stepNeedsApproval(gated.steps[0]!)).toBe(true);
   });

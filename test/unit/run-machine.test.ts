@@ -1,5 +1,13 @@
 import { describe, expect, it } from 'vitest';
-import { advanceRun, runStatus, runSteps, startRun } from '../../src/machines/kernel.js';
+import {
+  advanceRun,
+  openRun,
+  runStatus,
+  runSteps,
+  startRun,
+  type RunTransition,
+} from '../../src/machines/kernel.js';
+import type { RunEvent } from '../../src/schemas/events.js';
 import { isFlujoError } from '../../src/errors.js';
 import { e, planOf, T0, trace } from '../helpers/run-trace.js';
 
@@ -27,10 +35,10 @@ describe('run machine traces', () => {
     const t = trace(line, [e.ok('fetch'), e.ok('report'), e.ok('send')]);
     expect(t.text).toMatchInlineSnapshot(`
       "
-      start ⇒ running | fetch:PENDING→RUNNING | execute fetch#1
-      step.succeeded fetch#1 ⇒ running | fetch:RUNNING→SUCCEEDED report:PENDING→RUNNING | execute report#1
-      step.succeeded report#1 ⇒ running | report:RUNNING→SUCCEEDED send:PENDING→RUNNING | execute send#1
-      step.succeeded send#1 ⇒ succeeded | send:RUNNING→SUCCEEDED
+      start ⇒ running | fetch:PENDING→READY | execute fetch#1
+      step.succeeded fetch#1 ⇒ running | fetch:READY→SUCCEEDED report:PENDING→READY | execute report#1
+      step.succeeded report#1 ⇒ running | report:READY→SUCCEEDED send:PENDING→READY | execute send#1
+      step.succeeded send#1 ⇒ succeeded | send:READY→SUCCEEDED
       end: fetch=SUCCEEDED report=SUCCEEDED send=SUCCEEDED
       "
     `);
@@ -40,11 +48,11 @@ describe('run machine traces', () => {
     const t = trace(diamond, [e.ok('a'), e.ok('c'), e.ok('b'), e.ok('d')]);
     expect(t.text).toMatchInlineSnapshot(`
       "
-      start ⇒ running | a:PENDING→RUNNING | execute a#1
-      step.succeeded a#1 ⇒ running | a:RUNNING→SUCCEEDED b:PENDING→RUNNING c:PENDING→RUNNING | execute b#1, execute c#1
-      step.succeeded c#1 ⇒ running | c:RUNNING→SUCCEEDED
-      step.succeeded b#1 ⇒ running | b:RUNNING→SUCCEEDED d:PENDING→RUNNING | execute d#1
-      step.succeeded d#1 ⇒ succeeded | d:RUNNING→SUCCEEDED
+      start ⇒ running | a:PENDING→READY | execute a#1
+      step.succeeded a#1 ⇒ running | a:READY→SUCCEEDED b:PENDING→READY c:PENDING→READY | execute b#1, execute c#1
+      step.succeeded c#1 ⇒ running | c:READY→SUCCEEDED
+      step.succeeded b#1 ⇒ running | b:READY→SUCCEEDED d:PENDING→READY | execute d#1
+      step.succeeded d#1 ⇒ succeeded | d:READY→SUCCEEDED
       end: a=SUCCEEDED b=SUCCEEDED c=SUCCEEDED d=SUCCEEDED
       "
     `);
@@ -54,11 +62,11 @@ describe('run machine traces', () => {
     const t = trace(gated, [e.ok('draft'), e.approve('review'), e.ok('review'), e.ok('send')]);
     expect(t.text).toMatchInlineSnapshot(`
       "
-      start ⇒ running | draft:PENDING→RUNNING | execute draft#1
-      step.succeeded draft#1 ⇒ waiting | draft:RUNNING→SUCCEEDED review:PENDING→WAITING_APPROVAL | ask approval review
-      gate.approved review ⇒ running | review:WAITING_APPROVAL→RUNNING | execute review#1
-      step.succeeded review#1 ⇒ running | review:RUNNING→SUCCEEDED send:PENDING→RUNNING | execute send#1
-      step.succeeded send#1 ⇒ succeeded | send:RUNNING→SUCCEEDED
+      start ⇒ running | draft:PENDING→READY | execute draft#1
+      step.succeeded draft#1 ⇒ waiting | draft:READY→SUCCEEDED review:PENDING→WAITING_APPROVAL | ask approval review
+      gate.approved review ⇒ running | review:WAITING_APPROVAL→READY | execute review#1
+      step.succeeded review#1 ⇒ running | review:READY→SUCCEEDED send:PENDING→READY | execute send#1
+      step.succeeded send#1 ⇒ succeeded | send:READY→SUCCEEDED
       end: draft=SUCCEEDED review=SUCCEEDED send=SUCCEEDED
       "
     `);
@@ -70,8 +78,8 @@ describe('run machine traces', () => {
     const t = trace(gated, [e.ok('draft'), e.reject('review')]);
     expect(t.text).toMatchInlineSnapshot(`
       "
-      start ⇒ running | draft:PENDING→RUNNING | execute draft#1
-      step.succeeded draft#1 ⇒ waiting | draft:RUNNING→SUCCEEDED review:PENDING→WAITING_APPROVAL | ask approval review
+      start ⇒ running | draft:PENDING→READY | execute draft#1
+      step.succeeded draft#1 ⇒ waiting | draft:READY→SUCCEEDED review:PENDING→WAITING_APPROVAL | ask approval review
       gate.rejected review ⇒ failed | review:WAITING_APPROVAL→FAILED_FINAL send:PENDING→CANCELLED
       end: draft=SUCCEEDED review=FAILED_FINAL send=CANCELLED
       "
@@ -95,14 +103,14 @@ describe('run machine traces', () => {
     ]);
     expect(t.text).toMatchInlineSnapshot(`
       "
-      start ⇒ running | fetch:PENDING→RUNNING | execute fetch#1
-      step.succeeded fetch#1 ⇒ running | fetch:RUNNING→SUCCEEDED report:PENDING→RUNNING | execute report#1
-      step.failed report#1 ⇒ running | report:RUNNING→FAILED_RETRYABLE | retry report#2 in 1000ms
-      retry.due report#2 ⇒ running | report:FAILED_RETRYABLE→RUNNING | execute report#2
-      step.failed report#2 ⇒ running | report:RUNNING→FAILED_RETRYABLE | retry report#3 in 2000ms
-      retry.due report#3 ⇒ running | report:FAILED_RETRYABLE→RUNNING | execute report#3
-      step.succeeded report#3 ⇒ running | report:RUNNING→SUCCEEDED send:PENDING→RUNNING | execute send#1
-      step.succeeded send#1 ⇒ succeeded | send:RUNNING→SUCCEEDED
+      start ⇒ running | fetch:PENDING→READY | execute fetch#1
+      step.succeeded fetch#1 ⇒ running | fetch:READY→SUCCEEDED report:PENDING→READY | execute report#1
+      step.failed report#1 ⇒ running | report:READY→FAILED_RETRYABLE | retry report#2 in 1000ms
+      retry.due report#2 ⇒ running | report:FAILED_RETRYABLE→READY | execute report#2
+      step.failed report#2 ⇒ running | report:READY→FAILED_RETRYABLE | retry report#3 in 2000ms
+      retry.due report#3 ⇒ running | report:FAILED_RETRYABLE→READY | execute report#3
+      step.succeeded report#3 ⇒ running | report:READY→SUCCEEDED send:PENDING→READY | execute send#1
+      step.succeeded send#1 ⇒ succeeded | send:READY→SUCCEEDED
       end: fetch=SUCCEEDED report=SUCCEEDED send=SUCCEEDED
       "
     `);
@@ -112,10 +120,10 @@ describe('run machine traces', () => {
     const t = trace(diamond, [e.ok('a'), e.fail('b', 1, false), e.ok('c')]);
     expect(t.text).toMatchInlineSnapshot(`
       "
-      start ⇒ running | a:PENDING→RUNNING | execute a#1
-      step.succeeded a#1 ⇒ running | a:RUNNING→SUCCEEDED b:PENDING→RUNNING c:PENDING→RUNNING | execute b#1, execute c#1
-      step.failed b#1 ⇒ running | b:RUNNING→FAILED_FINAL d:PENDING→CANCELLED
-      step.succeeded c#1 ⇒ failed | c:RUNNING→SUCCEEDED
+      start ⇒ running | a:PENDING→READY | execute a#1
+      step.succeeded a#1 ⇒ running | a:READY→SUCCEEDED b:PENDING→READY c:PENDING→READY | execute b#1, execute c#1
+      step.failed b#1 ⇒ running | b:READY→FAILED_FINAL d:PENDING→CANCELLED
+      step.succeeded c#1 ⇒ failed | c:READY→SUCCEEDED
       end: a=SUCCEEDED b=FAILED_FINAL c=SUCCEEDED d=CANCELLED
       "
     `);
@@ -127,10 +135,10 @@ describe('run machine traces', () => {
     const t = trace(diamond, [e.ok('a'), e.ok('b'), e.cancel(), e.ok('c')]);
     expect(t.text).toMatchInlineSnapshot(`
       "
-      start ⇒ running | a:PENDING→RUNNING | execute a#1
-      step.succeeded a#1 ⇒ running | a:RUNNING→SUCCEEDED b:PENDING→RUNNING c:PENDING→RUNNING | execute b#1, execute c#1
-      step.succeeded b#1 ⇒ running | b:RUNNING→SUCCEEDED
-      run.cancelled ⇒ cancelled | c:RUNNING→CANCELLED d:PENDING→CANCELLED | abort c#1
+      start ⇒ running | a:PENDING→READY | execute a#1
+      step.succeeded a#1 ⇒ running | a:READY→SUCCEEDED b:PENDING→READY c:PENDING→READY | execute b#1, execute c#1
+      step.succeeded b#1 ⇒ running | b:READY→SUCCEEDED
+      run.cancelled ⇒ cancelled | c:READY→CANCELLED d:PENDING→CANCELLED | abort c#1
       step.succeeded c#1 ⇒ cancelled (ignored)
       end: a=SUCCEEDED b=SUCCEEDED c=CANCELLED d=CANCELLED
       "
@@ -144,9 +152,9 @@ describe('run machine: stop and resume', () => {
     const t = trace(diamond, [e.ok('a'), e.stop()]);
     expect(t.text).toMatchInlineSnapshot(`
       "
-      start ⇒ running | a:PENDING→RUNNING | execute a#1
-      step.succeeded a#1 ⇒ running | a:RUNNING→SUCCEEDED b:PENDING→RUNNING c:PENDING→RUNNING | execute b#1, execute c#1
-      run.stopped ⇒ failed | b:RUNNING→CANCELLED c:RUNNING→CANCELLED d:PENDING→CANCELLED | abort b#1, abort c#1
+      start ⇒ running | a:PENDING→READY | execute a#1
+      step.succeeded a#1 ⇒ running | a:READY→SUCCEEDED b:PENDING→READY c:PENDING→READY | execute b#1, execute c#1
+      run.stopped ⇒ failed | b:READY→CANCELLED c:READY→CANCELLED d:PENDING→CANCELLED | abort b#1, abort c#1
       end: a=SUCCEEDED b=CANCELLED c=CANCELLED d=CANCELLED
       "
     `);
@@ -169,13 +177,13 @@ describe('run machine: stop and resume', () => {
     ]);
     expect(t.text).toMatchInlineSnapshot(`
       "
-      start ⇒ running | a:PENDING→RUNNING | execute a#1
-      step.succeeded a#1 ⇒ running | a:RUNNING→SUCCEEDED b:PENDING→RUNNING c:PENDING→RUNNING | execute b#1, execute c#1
-      step.failed b#1 ⇒ running | b:RUNNING→FAILED_FINAL d:PENDING→CANCELLED
-      step.succeeded c#1 ⇒ failed | c:RUNNING→SUCCEEDED
-      run.resumed ⇒ running | b:FAILED_FINAL→RUNNING d:CANCELLED→PENDING | execute b#2
-      step.succeeded b#2 ⇒ running | b:RUNNING→SUCCEEDED d:PENDING→RUNNING | execute d#1
-      step.succeeded d#1 ⇒ succeeded | d:RUNNING→SUCCEEDED
+      start ⇒ running | a:PENDING→READY | execute a#1
+      step.succeeded a#1 ⇒ running | a:READY→SUCCEEDED b:PENDING→READY c:PENDING→READY | execute b#1, execute c#1
+      step.failed b#1 ⇒ running | b:READY→FAILED_FINAL d:PENDING→CANCELLED
+      step.succeeded c#1 ⇒ failed | c:READY→SUCCEEDED
+      run.resumed ⇒ running | b:FAILED_FINAL→READY d:CANCELLED→PENDING | execute b#2
+      step.succeeded b#2 ⇒ running | b:READY→SUCCEEDED d:PENDING→READY | execute d#1
+      step.succeeded d#1 ⇒ succeeded | d:READY→SUCCEEDED
       end: a=SUCCEEDED b=SUCCEEDED c=SUCCEEDED d=SUCCEEDED
       "
     `);
@@ -276,5 +284,81 @@ describe('run machine rules', () => {
     const t = startRun(plan, { runId: 'r', at: T0 });
     expect(t.status).toBe('waiting');
     expect(t.planned).toEqual([{ type: 'step.requestApproval', stepId: 'g' }]);
+  });
+});
+
+describe('the kernel: one event at a time', () => {
+  const longLine = planOf(
+    ['s0', 's1', 's2', 's3', 's4'].map((id, i) => ({
+      id,
+      kind: 'operator' as const,
+      operator: 'op',
+      ...(i === 0 ? {} : { dependsOn: [`s${i - 1}`] }),
+    })),
+  );
+  const sameAs = (t: RunTransition) => ({
+    snapshot: JSON.parse(JSON.stringify(t.snapshot)) as unknown,
+    planned: t.planned,
+    changes: t.changes,
+    accepted: t.accepted,
+    status: t.status,
+  });
+
+  // advanceRun restores only the steps an event reaches; a run held open has all of them.
+  it.each<[string, RunEvent[]]>([
+    ['a line that succeeds', [e.ok('s0'), e.ok('s1'), e.ok('s2'), e.ok('s3'), e.ok('s4')]],
+    // s0 fails finally: the cancel cascades past its direct dependent, to every step.
+    ['a failure that cascades, then a resume', [e.fail('s0', 1, false), e.resume(), e.ok('s0', 2)]],
+    ['a cancel, then a late result', [e.ok('s0'), e.cancel(), e.ok('s1')]],
+    ['a stale attempt', [e.ok('s0', 2), e.fail('s0'), e.ok('s0', 1), e.due('s0', 2)]],
+  ])('advanceRun gives what a run held open gives: %s', (_, events) => {
+    const first = startRun(longLine, { runId: 'r', at: T0 });
+    const open = openRun(first.snapshot);
+    let snapshot = first.snapshot;
+    for (const event of events) {
+      const one = advanceRun(snapshot, event);
+      const held = open.send(event);
+      expect(sameAs(one)).toEqual(sameAs(held));
+      snapshot = one.snapshot;
+    }
+    expect(runSteps(snapshot).length).toBe(5);
+  });
+
+  it('a failure cascading past the dependents cancels every later step, in order', () => {
+    const start = startRun(longLine, { runId: 'r', at: T0 });
+    const t = advanceRun(start.snapshot, e.fail('s0', 1, false));
+    expect(t.accepted).toBe(true);
+    expect(t.status).toBe('failed');
+    expect(t.changes.map((c) => `${c.stepId}:${c.from}→${c.to}`)).toEqual([
+      's0:READY→FAILED_FINAL',
+      's1:PENDING→CANCELLED',
+      's2:PENDING→CANCELLED',
+      's3:PENDING→CANCELLED',
+      's4:PENDING→CANCELLED',
+    ]);
+    expect(Object.keys(t.snapshot.children)).toEqual(['s0', 's1', 's2', 's3', 's4']);
+  });
+
+  it('steps an event does not move keep their objects in the next snapshot', () => {
+    const start = startRun(longLine, { runId: 'r', at: T0 });
+    const t = advanceRun(start.snapshot, e.ok('s0'));
+    const { children: before } = start.snapshot;
+    const { children: after } = t.snapshot;
+    expect(after['s0']).not.toBe(before['s0']);
+    expect(after['s1']).not.toBe(before['s1']);
+    for (const id of ['s2', 's3', 's4']) expect(after[id]).toBe(before[id]);
+    // The same through a run held open: only the steps that moved are new objects.
+    const open = openRun(t.snapshot);
+    const next = open.send(e.ok('s1'));
+    expect(next.snapshot.children['s0']).toBe(t.snapshot.children['s0']);
+    expect(next.snapshot.children['s1']).not.toBe(t.snapshot.children['s1']);
+    expect(next.snapshot.children['s2']).not.toBe(t.snapshot.children['s2']);
+    for (const id of ['s3', 's4']) {
+      expect(next.snapshot.children[id]).toBe(t.snapshot.children[id]);
+    }
+    // An event that changes nothing hands back the very same snapshot.
+    const ignored = open.send(e.ok('s1'));
+    expect(ignored.accepted).toBe(false);
+    expect(ignored.snapshot).toBe(next.snapshot);
   });
 });

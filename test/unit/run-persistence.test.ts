@@ -5,6 +5,8 @@ import { stepMachine } from '../../src/machines/step-machine.js';
 import {
   compactRunSnapshot,
   expandRunSnapshot,
+  joinRunParts,
+  runSnapshotDelta,
   type StoredRunSnapshot,
 } from '../../src/machines/stored-snapshot.js';
 import type { PlannedAction } from '../../src/machines/types.js';
@@ -86,7 +88,7 @@ describe('the persisted snapshot is what xstate persists', () => {
       snap = roundTrip(advanceRun(snap, event).snapshot);
       for (const [id, child] of Object.entries(snap.children)) {
         const actor = createActor(stepMachine, {
-          snapshot: child.snapshot as never,
+          snapshot: child.snapshot,
           input: undefined as never,
         });
         const restored = actor.getPersistedSnapshot() as unknown as typeof child.snapshot;
@@ -122,5 +124,56 @@ describe('the stored form (schema 3)', () => {
     (stored.s['a'] as Record<string, unknown>)['future'] = { x: 1 };
     const back = expandRunSnapshot(JSON.parse(JSON.stringify(stored)) as StoredRunSnapshot);
     expect(back.children['a']?.snapshot.context).toMatchObject({ future: { x: 1 }, agent: null });
+  });
+});
+
+describe('the split layout (schema 4)', () => {
+  it('after every event, the fields written so far join back into the same snapshot', () => {
+    const run = openRun(startRun(plan, { runId: 'p', at: T0 }).snapshot);
+    let snap = run.snapshot;
+    const fields: Record<string, string> = {};
+    const outputs: Record<string, string> = {};
+    const write = (previous: RunSnapshot | undefined, next: RunSnapshot) => {
+      const delta = runSnapshotDelta(previous, next);
+      Object.assign(fields, delta.parts);
+      Object.assign(outputs, delta.outputs);
+      for (const id of delta.dropOutputs) delete outputs[id];
+      return delta;
+    };
+    write(undefined, snap);
+    for (const event of script) {
+      const next = run.send(event).snapshot;
+      const delta = write(snap, next);
+      // The run's field, and only the fields of steps that moved (never the static order).
+      const stepFields = Object.keys(delta.parts).filter((f) => f.startsWith('s:'));
+      expect(Object.keys(delta.parts)).toContain('run');
+      expect(Object.keys(delta.parts)).not.toContain('plan');
+      expect(stepFields.length).toBeLessThanOrEqual(3);
+      expect(expandRunSnapshot(joinRunParts(fields, outputs))).toEqual(roundTrip(next));
+      snap = next;
+    }
+    run.close();
+    // Outputs are stored once, apart from the step fields.
+    expect(JSON.parse(outputs['b']!)).toEqual({ rows: [1, 2, 3], note: 'ünïcødé ✓' });
+    expect(fields['s:b']).not.toContain('rows');
+  });
+
+  it('writes an output once: a later commit does not send it again', () => {
+    const run = openRun(startRun(plan, { runId: 'p', at: T0 }).snapshot);
+    const first = run.snapshot;
+    const afterA = run.send(e.ok('a', 1, { big: 'x'.repeat(10_000) })).snapshot;
+    expect(Object.keys(runSnapshotDelta(first, afterA).outputs)).toEqual(['a']);
+    const afterC = run.send(e.fail('c', 1)).snapshot;
+    const delta = runSnapshotDelta(afterA, afterC);
+    expect(delta.outputs).toEqual({});
+    expect(JSON.stringify(delta).length).toBeLessThan(2000);
+    run.close();
+  });
+
+  it('names the part that is missing', () => {
+    const snap = startRun(plan, { runId: 'p', at: T0 }).snapshot;
+    const { parts } = runSnapshotDelta(undefined, snap);
+    const { ['s:c']: _c, ...partial } = parts;
+    expect(() => joinRunParts(partial, {})).toThrow('field "s:c" is missing');
   });
 });

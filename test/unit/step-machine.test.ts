@@ -50,6 +50,17 @@ const ev = {
   skip: { type: 'step.skipped', stepId: 's', reason: 'not needed', at },
   retryDue: (attempt: number) => ({ type: 'retry.due', stepId: 's', attempt, at }) as const,
   cancel: { type: 'step.cancel', reason: 'run_cancelled', at },
+  started: (attempt: number) => ({ type: 'step.started', stepId: 's', attempt, at }) as const,
+  askCall: (attempt: number) =>
+    ({
+      type: 'tool.approvalRequested',
+      stepId: 's',
+      attempt,
+      callId: 'c1',
+      tool: 'pay@1',
+      args: { cents: 5 },
+      at,
+    }) as const,
 } as const;
 
 function start(over: Partial<StepInput> = {}): Snap {
@@ -85,6 +96,9 @@ describe('step machine: every edge', () => {
         ev.retryDue(n + 1),
         ev.retryDue(n),
         ev.cancel,
+        ev.started(n),
+        // One pause per path keeps the graph finite (each pause is a new execution).
+        ...(s.context.pauses === 0 ? [ev.askCall(n)] : []),
       ];
     };
     const edges = new Set<string>();
@@ -109,16 +123,25 @@ describe('step machine: every edge', () => {
         }
       }
     }
-    // READY is transient, so an edge into READY shows as the state READY settles in.
     expect([...edges].sort()).toEqual(
       [
-        'PENDING --deps.met--> RUNNING', // READY → RUNNING
-        'PENDING --deps.met--> WAITING_APPROVAL', // READY → WAITING_APPROVAL
+        'PENDING --deps.met--> READY',
+        'PENDING --deps.met--> WAITING_APPROVAL', // gated
         'PENDING --deps.failed--> CANCELLED',
         'PENDING --step.skipped(request)--> SKIPPED',
         'PENDING --step.cancel--> CANCELLED',
-        'WAITING_APPROVAL --gate.approved--> RUNNING', // → READY → RUNNING
-        'WAITING_APPROVAL --gate.rejected--> FAILED_FINAL',
+        'READY --step.started--> RUNNING',
+        // A result fed to a READY step directly (the kernel driven by hand).
+        'READY --step.succeeded--> SUCCEEDED',
+        'READY --step.failed(retryable)--> FAILED_RETRYABLE',
+        'READY --step.failed(retryable)--> FAILED_FINAL',
+        'READY --step.failed(final)--> FAILED_FINAL',
+        'READY --step.skipped(attempt)--> SKIPPED',
+        'READY --step.skipped(request)--> SKIPPED',
+        'READY --step.cancel--> CANCELLED',
+        'WAITING_APPROVAL --gate.approved--> READY', // the gate, or the pending tool call
+        'WAITING_APPROVAL --gate.rejected--> FAILED_FINAL', // the gate
+        'WAITING_APPROVAL --gate.rejected--> READY', // the pending tool call: the attempt goes on
         'WAITING_APPROVAL --step.skipped(request)--> SKIPPED',
         'WAITING_APPROVAL --step.cancel--> CANCELLED',
         'RUNNING --step.succeeded--> SUCCEEDED',
@@ -126,22 +149,24 @@ describe('step machine: every edge', () => {
         'RUNNING --step.failed(retryable)--> FAILED_FINAL', // attempts exhausted
         'RUNNING --step.failed(final)--> FAILED_FINAL',
         'RUNNING --step.skipped(attempt)--> SKIPPED',
+        'RUNNING --step.skipped(request)--> SKIPPED',
+        'RUNNING --tool.approvalRequested--> WAITING_APPROVAL',
         'RUNNING --step.cancel--> CANCELLED',
-        'FAILED_RETRYABLE --retry.due--> RUNNING', // → READY → RUNNING
+        'FAILED_RETRYABLE --retry.due--> READY',
         'FAILED_RETRYABLE --step.skipped(request)--> SKIPPED',
         'FAILED_RETRYABLE --step.cancel--> CANCELLED',
       ].sort(),
     );
   });
 
-  it('PENDING → READY → RUNNING on deps.met: attempt 1 starts and is planned', () => {
+  it('PENDING → READY on deps.met: attempt 1 is numbered and planned, and waits for a worker', () => {
     const { snap, reports } = step(start(), ev.depsMet);
-    expect(snap.value).toBe('RUNNING');
+    expect(snap.value).toBe('READY');
     expect(snap.context.attempt).toBe(1);
     expect(reports).toEqual([
       {
         stepId: 's',
-        status: 'RUNNING',
+        status: 'READY',
         attempt: 1,
         planned: { type: 'step.execute', stepId: 's', attempt: 1 },
         at,
@@ -149,7 +174,15 @@ describe('step machine: every edge', () => {
     ]);
   });
 
-  it('PENDING → READY → WAITING_APPROVAL when gated; approval is requested, no attempt starts', () => {
+  it('READY → RUNNING when a worker starts the attempt; nothing more is planned', () => {
+    const ready = run([ev.depsMet]);
+    expect(step(ready, ev.started(2)).snap).toEqual(ready);
+    const { snap, reports } = step(ready, ev.started(1));
+    expect(snap.value).toBe('RUNNING');
+    expect(reports).toEqual([{ stepId: 's', status: 'RUNNING', attempt: 1, planned: null, at }]);
+  });
+
+  it('PENDING → WAITING_APPROVAL when gated; approval is requested, no attempt starts', () => {
     const { snap, reports } = step(start({ needsApproval: true }), ev.depsMet);
     expect(snap.value).toBe('WAITING_APPROVAL');
     expect(snap.context.attempt).toBe(0);
@@ -179,9 +212,9 @@ describe('step machine: every edge', () => {
     expect(reports[0]?.planned).toBeNull();
   });
 
-  it('WAITING_APPROVAL → READY → RUNNING on approval, recording who, when and why', () => {
+  it('WAITING_APPROVAL → READY on approval, recording who, when and why', () => {
     const { snap, reports } = step(run([ev.depsMet], { needsApproval: true }), ev.approve);
-    expect(snap.value).toBe('RUNNING');
+    expect(snap.value).toBe('READY');
     expect(snap.context.approval).toEqual({ by: 'ana', at, comment: 'ok' });
     expect(reports.map((r) => r.planned)).toEqual([
       { type: 'step.execute', stepId: 's', attempt: 1 },
@@ -205,7 +238,7 @@ describe('step machine: every edge', () => {
   });
 
   it('RUNNING → SUCCEEDED on the current attempt; a stale or future attempt is ignored', () => {
-    const running = run([ev.depsMet]);
+    const running = run([ev.depsMet, ev.started(1)]);
     const { snap } = step(running, ev.succeeded(1));
     expect(snap.value).toBe('SUCCEEDED');
     expect(snap.context.output).toEqual({ n: 1 });
@@ -214,7 +247,7 @@ describe('step machine: every edge', () => {
   });
 
   it('RUNNING → FAILED_RETRYABLE on a retryable failure, retry planned at now + backoff', () => {
-    const { snap, reports } = step(run([ev.depsMet]), ev.failed(1));
+    const { snap, reports } = step(run([ev.depsMet, ev.started(1)]), ev.failed(1));
     expect(snap.value).toBe('FAILED_RETRYABLE');
     expect(snap.context.retryAt).toBe(at + 1000);
     expect(reports.map((r) => r.planned)).toEqual([
@@ -252,16 +285,29 @@ describe('step machine: every edge', () => {
   });
 
   it('RUNNING: a failure of another attempt is ignored', () => {
-    const running = run([ev.depsMet]);
+    const running = run([ev.depsMet, ev.started(1)]);
     expect(step(running, ev.failed(2)).snap).toEqual(running);
   });
 
   it('RUNNING → SKIPPED when the running attempt says there is nothing to do', () => {
-    expect(step(run([ev.depsMet]), ev.skippedRunning(1)).snap.value).toBe('SKIPPED');
-    expect(step(run([ev.depsMet]), ev.skip).snap.value).toBe('RUNNING');
+    const running = run([ev.depsMet, ev.started(1)]);
+    const own = step(running, ev.skippedRunning(1));
+    expect(own.snap.value).toBe('SKIPPED');
+    expect(own.reports.map((r) => r.planned)).toEqual([null]);
   });
 
-  it('RUNNING → CANCELLED on cancel plans the abort of the running attempt', () => {
+  it('READY or RUNNING → SKIPPED by request plans the abort of the attempt that may be running', () => {
+    for (const from of [run([ev.depsMet]), run([ev.depsMet, ev.started(1)])]) {
+      const { snap, reports } = step(from, ev.skip);
+      expect(snap.value).toBe('SKIPPED');
+      expect(snap.context.reason).toBe('not needed');
+      expect(reports.map((r) => r.planned)).toEqual([
+        { type: 'step.abort', stepId: 's', attempt: 1 },
+      ]);
+    }
+  });
+
+  it('READY → CANCELLED on cancel plans the abort of the attempt a worker may be executing', () => {
     const { snap, reports } = step(run([ev.depsMet]), ev.cancel);
     expect(snap.value).toBe('CANCELLED');
     expect(reports.map((r) => r.planned)).toEqual([
@@ -269,10 +315,18 @@ describe('step machine: every edge', () => {
     ]);
   });
 
-  it('FAILED_RETRYABLE → READY → RUNNING when the next attempt is due; another attempt number is ignored', () => {
+  it('RUNNING → CANCELLED on cancel plans the abort of the running attempt', () => {
+    const { snap, reports } = step(run([ev.depsMet, ev.started(1)]), ev.cancel);
+    expect(snap.value).toBe('CANCELLED');
+    expect(reports.map((r) => r.planned)).toEqual([
+      { type: 'step.abort', stepId: 's', attempt: 1 },
+    ]);
+  });
+
+  it('FAILED_RETRYABLE → READY when the next attempt is due; another attempt number is ignored', () => {
     const failed = run([ev.depsMet, ev.failed(1)]);
     const { snap, reports } = step(failed, ev.retryDue(2));
-    expect(snap.value).toBe('RUNNING');
+    expect(snap.value).toBe('READY');
     expect(snap.context).toMatchObject({ attempt: 2, retryAt: null });
     expect(reports.map((r) => r.planned)).toEqual([
       { type: 'step.execute', stepId: 's', attempt: 2 },
@@ -292,8 +346,62 @@ describe('step machine: every edge', () => {
     const snap = run([ev.depsMet, ev.approve, ev.failed(1), ev.retryDue(2)], {
       needsApproval: true,
     });
-    expect(snap.value).toBe('RUNNING');
+    expect(snap.value).toBe('READY');
     expect(snap.context.attempt).toBe(2);
+  });
+
+  it('a tool call waiting for approval: approved, the same attempt resumes as a new execution', () => {
+    const running = run([ev.depsMet, ev.started(1)]);
+    const held = step(running, ev.askCall(1));
+    expect(held.snap.value).toBe('WAITING_APPROVAL');
+    expect(held.snap.context.pendingCall).toEqual({
+      callId: 'c1',
+      tool: 'pay@1',
+      args: { cents: 5 },
+      toolCallId: null,
+      turn: null,
+      at,
+    });
+    expect(held.reports.map((r) => r.planned)).toEqual([
+      { type: 'step.requestApproval', stepId: 's' },
+    ]);
+    // A decision naming another call is not taken.
+    expect(step(held.snap, { ...ev.approve, callId: 'c2' }).snap).toEqual(held.snap);
+    const { snap, reports } = step(held.snap, { ...ev.approve, callId: 'c1' });
+    expect(snap.value).toBe('READY');
+    expect(snap.context).toMatchObject({
+      attempt: 1,
+      pauses: 1,
+      pendingCall: null,
+      approval: null,
+      callDecisions: [{ callId: 'c1', attempt: 1, approved: true, by: 'ana', at, comment: 'ok' }],
+    });
+    expect(reports.map((r) => r.planned)).toEqual([
+      { type: 'step.execute', stepId: 's', attempt: 1, pause: 1 },
+    ]);
+  });
+
+  it('a tool call rejected: the attempt goes on (the execution is told); the next attempt forgets it', () => {
+    const held = run([ev.depsMet, ev.started(1), ev.askCall(1)]);
+    const { snap } = step(held, ev.reject);
+    expect(snap.value).toBe('READY');
+    expect(snap.context.rejection).toBeNull();
+    expect(snap.context.callDecisions).toEqual([
+      { callId: 'c1', attempt: 1, approved: false, by: 'bo', at, comment: 'no' },
+    ]);
+    const next = [ev.started(1), ev.failed(1), ev.retryDue(2)].reduce(
+      (s, e) => step(s, e).snap,
+      snap,
+    );
+    expect(next.value).toBe('READY');
+    expect(next.context).toMatchObject({ attempt: 2, pauses: 0, callDecisions: null });
+  });
+
+  it('a tool call is held only by the current attempt while RUNNING', () => {
+    const ready = run([ev.depsMet]);
+    expect(step(ready, ev.askCall(1)).snap).toEqual(ready);
+    const running = run([ev.depsMet, ev.started(1)]);
+    expect(step(running, ev.askCall(2)).snap).toEqual(running);
   });
 
   it('final states stay final under every event', () => {
@@ -315,6 +423,8 @@ describe('step machine: every edge', () => {
       ev.skip,
       ev.retryDue(2),
       ev.cancel,
+      ev.started(1),
+      ev.askCall(1),
     ];
     expect(finals.map((s) => s.value)).toEqual([
       'SUCCEEDED',

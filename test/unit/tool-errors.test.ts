@@ -111,7 +111,7 @@ describe('tool errors', () => {
 
   it('an unknown tool lists the registered ones', () => {
     expect(new UnknownToolError('nope', ['a', 'b']).message).toBe(
-      'Unknown tool "nope". Registered tools: a, b. Fix the name or register the tool.',
+      `Unknown tool "nope". Registered tools: a, b. Fix the name, or add defineTool({ name: "nope", ... }) to the job module's \`export const tools\` (or runtime.tool(...)).`,
     );
     expect(new UnknownToolError('nope', []).message).toContain('no tools are registered');
   });

@@ -143,10 +143,10 @@ describe('tool registry', () => {
     const registry = createToolRegistry([b, a]);
     expect(() => registry.get('c')).toThrow(UnknownToolError);
     expect(() => registry.get('c')).toThrow(
-      'Unknown tool "c". Registered tools: a, b. Fix the name or register the tool.',
+      `Unknown tool "c". Registered tools: a, b. Fix the name, or add defineTool({ name: "c", ... }) to the job module's \`export const tools\` (or runtime.tool(...)).`,
     );
     expect(() => createToolRegistry().get('c')).toThrow(
-      'Unknown tool "c": no tools are registered. Register it with registry.register(defineTool({ name: "c", ... })).',
+      `Unknown tool "c": no tools are registered. Add defineTool({ name: "c", ... }) to the job module's \`export const tools\` (or runtime.tool(...)).`,
     );
   });
 });

@@ -2,10 +2,15 @@
  * Drives a run from the CLI: an in-process worker executes its units while the run's event stream
  * prints one line per step state change, until the run ends or waits for a person.
  */
-import type { Runtime, RunReport } from '../../runtime.js';
+import { RedisUnavailableError } from '../../errors.js';
+import { isConnectionError } from '../../persistence/redis-errors.js';
+import { lastEventId as readLastEventId } from '../../persistence/run-lookups.js';
+import { IDLE_WORK_MS, type Runtime, type RunReport, runtimeCore } from '../../runtime.js';
 import type { Connection } from '../connect.js';
-import { ExitCode } from '../exit-codes.js';
-import { exitCodeOf, progressLine, summaryLines } from '../render.js';
+import { CliError, ExitCode } from '../exit-codes.js';
+import { watchRedis } from '../outage.js';
+import { createLiveState, type LiveStore } from '../live-state.js';
+import { exitCodeOf, idleLine, progressLine, summaryLines } from '../render.js';
 
 /** How to drive. */
 export interface DriveOptions {
@@ -15,12 +20,96 @@ export interface DriveOptions {
   concurrency: number;
   /** The resume command, for the summary and for an interruption. */
   resume: string;
+  /** Hide streamed agent text. @defaultValue false */
+  quiet?: boolean;
+  /** The connection, watched for outages. */
+  conn: Pick<Connection, 'url' | 'target' | 'timeoutMs'>;
+  /** How long an outage may last before the command ends with exit 6. */
+  outageLimitMs: number;
 }
+
+/**
+ * What is shown live beside the progress lines: operators' `ctx.progress` reports, agents' reply
+ * text as it streams (unless quiet), and a notice when due work waits for a worker. Returns a
+ * function that stops it, and `touch`, called on every event (the idle check waits for silence).
+ */
+async function liveView(
+  runtime: Runtime,
+  runId: string,
+  options: DriveOptions,
+  state: LiveStore,
+): Promise<{ stop: () => void; touch: () => void; line: (text: string) => void }> {
+  const open = () => state.getSnapshot().context.streaming !== null;
+  const line = (text: string) => {
+    if (open()) process.stdout.write('\n');
+    state.trigger.lineWritten();
+    console.log(text);
+  };
+  const unsubscribe: (() => void)[] = [];
+  unsubscribe.push(
+    await runtimeCore(runtime).subscribeProgress(runId, (message) => {
+      if (options.json) return line(JSON.stringify({ type: 'progress', ...JSON.parse(message) }));
+      const p = JSON.parse(message) as { stepId: string; at: number; info: unknown };
+      line(`  ${progressClock(p.at)}  ${p.stepId}: progress ${JSON.stringify(p.info)}`);
+    }),
+  );
+  if (options.quiet !== true) {
+    unsubscribe.push(
+      await runtimeCore(runtime).subscribeChunks(runId, (message) => {
+        const c = JSON.parse(message) as { stepId: string; turn: number; text: string; at: number };
+        if (options.json) return line(JSON.stringify({ type: 'chunk', ...c }));
+        const who = `${c.stepId}:${c.turn}`;
+        if (state.getSnapshot().context.streaming !== who) {
+          line(`  ${progressClock(c.at)}  ${c.stepId}: turn ${c.turn + 1} says:`);
+          process.stdout.write('    ');
+        }
+        state.trigger.streamed({ who });
+        process.stdout.write(c.text.replaceAll('\n', '\n    '));
+      }),
+    );
+  }
+  // One status read after each silence of IDLE_WORK_MS: nothing is read while events come.
+  let timer: NodeJS.Timeout | undefined;
+  const arm = () => {
+    clearTimeout(timer);
+    timer = setTimeout(() => {
+      runtime.status(runId).then(
+        (report) => {
+          const idle = report.idle;
+          if (idle !== null && !state.getSnapshot().context.toldIdle.includes(idle.stepId)) {
+            state.trigger.idleTold({ stepId: idle.stepId });
+            if (options.json) line(JSON.stringify({ type: 'idle', ...idle }));
+            else line(idleLine(idle).replace('<runId>', runId));
+          }
+          arm();
+        },
+        () => arm(),
+      );
+    }, IDLE_WORK_MS);
+    timer.unref();
+  };
+  arm();
+  return {
+    stop: () => {
+      clearTimeout(timer);
+      for (const u of unsubscribe) u();
+      if (open()) process.stdout.write('\n');
+    },
+    touch: arm,
+    line,
+  };
+}
+
+const progressClock = (at: number): string => new Date(at).toISOString().slice(11, 23);
+
+const lostRedis = (error: unknown): boolean =>
+  error instanceof RedisUnavailableError || isConnectionError(error);
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** The id of the run's newest event, or undefined when its stream is empty. */
 export async function lastEventId(conn: Connection, runId: string): Promise<string | undefined> {
-  const last = await conn.redis.xrevrange(conn.keys.events(runId), '+', '-', 'COUNT', 1);
-  return last[0]?.[0];
+  return readLastEventId(conn.redis, conn.keys, runId);
 }
 
 /** Prints what a run came to and returns its exit code. */
@@ -37,34 +126,68 @@ export async function drive(
   runId: string,
   options: DriveOptions,
 ): Promise<number> {
+  const state = createLiveState(options.after);
+  // Subscribed before the worker starts, so nothing it reports is missed.
+  const live = await liveView(runtime, runId, options, state);
   const worker = runtime.createWorker({ concurrency: options.concurrency });
   const stop = new AbortController();
+  const lost = new AbortController();
   const onSignal = () => stop.abort();
   process.on('SIGINT', onSignal);
   process.on('SIGTERM', onSignal);
+  const { conn } = options;
+  const watch = watchRedis({
+    url: conn.url,
+    target: conn.target,
+    timeoutMs: conn.timeoutMs,
+    limitMs: options.outageLimitMs,
+    onLimit: () => lost.abort(),
+  });
+  const signal = AbortSignal.any([stop.signal, lost.signal]);
   try {
     await worker.ready();
-    const follow = {
-      follow: true,
-      signal: stop.signal,
-      ...(options.after === undefined ? {} : { after: options.after }),
-    };
-    for await (const e of runtime.events(runId, follow)) {
-      if (options.json) {
-        if (e.type === 'step.changed' || e.type === 'turn.committed') {
-          console.log(JSON.stringify(e.data));
+    // Through an outage the worker retries its units and the stream is read again from the
+    // last event printed, until Redis is back or the outage passes its limit.
+    for (;;) {
+      try {
+        const { after } = state.getSnapshot().context;
+        const follow = { follow: true, signal, ...(after === undefined ? {} : { after }) };
+        for await (const e of runtime.events(runId, follow)) {
+          state.trigger.event({ id: e.id, eventType: e.type, data: e.data });
+          live.touch();
+          if (options.json) {
+            if (e.type === 'step.changed' || e.type === 'turn.committed') {
+              live.line(JSON.stringify(e.data));
+            }
+          } else {
+            const line = progressLine(e);
+            if (line !== null) live.line(line);
+          }
+          if (e.type === 'run.status' && (e.data as { to?: unknown }).to === 'waiting') break;
         }
-      } else {
-        const line = progressLine(e);
-        if (line !== null) console.log(line);
+        break;
+      } catch (error) {
+        if (signal.aborted) break;
+        if (!lostRedis(error)) throw error;
+        await sleep(250);
       }
-      if (e.type === 'run.status' && (e.data as { to?: unknown }).to === 'waiting') break;
     }
   } finally {
+    live.stop();
     // A second Ctrl-C while running units finish ends the process at once.
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
-    await worker.close();
+    watch.stop();
+    // Units in flight finish first, unless Redis is gone: then they are redelivered on resume.
+    const closed = worker.close();
+    if (lost.signal.aborted) await Promise.race([closed.catch(() => {}), sleep(conn.timeoutMs)]);
+    else await closed;
+  }
+  if (lost.signal.aborted) {
+    throw new CliError(
+      `Redis at ${conn.target} has not answered for ${Math.round(options.outageLimitMs / 1000)} s (--redis-outage-limit); the run is kept: when Redis is back, go on with: ${options.resume}`,
+      ExitCode.redisUnavailable,
+    );
   }
   if (stop.signal.aborted) {
     console.error(`flujo: interrupted; the run goes on with: ${options.resume}`);

@@ -2,7 +2,14 @@
 import { checkRunId, connect, type Connection } from '../connect.js';
 import type { Ctx } from '../context.js';
 import { ExitCode, badInput } from '../exit-codes.js';
-import { eventLine, exitCodeOf, ledgerLines, statusLines, usageLines } from '../render.js';
+import {
+  attemptsOf,
+  eventLine,
+  exitCodeOf,
+  ledgerLines,
+  statusLines,
+  usageLines,
+} from '../render.js';
 
 /** Connects for a command about the existing run `runId` (nothing is written if it does not exist). */
 export async function withRun(
@@ -30,9 +37,13 @@ export async function cmdStatus(ctx: Ctx): Promise<number> {
   const runId = checkRunId(ctx.args[0], 'flujo status <runId>');
   noMoreArgs(ctx, 1);
   return withRun(ctx, runId, async (conn) => {
-    const report = await conn.runtime().status(runId);
-    if (ctx.values.json === true) console.log(JSON.stringify(report));
-    else for (const line of statusLines(report)) console.log(line);
+    const runtime = conn.runtime();
+    const report = await runtime.status(runId);
+    const events = [];
+    for await (const e of runtime.events(runId)) events.push(e);
+    const attempts = attemptsOf(events);
+    if (ctx.values.json === true) console.log(JSON.stringify({ ...report, attempts }));
+    else for (const line of statusLines(report, attempts)) console.log(line);
     return exitCodeOf(report);
   });
 }

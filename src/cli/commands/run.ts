@@ -1,6 +1,9 @@
 /** `flujo run`, `flujo resume` and `flujo worker`: the commands that execute a job module's runs. */
+import { describePlanDifferences, diffPlans } from '../../plan/diff.js';
+import type { Plan } from '../../plan/schema.js';
+import { runExists } from '../../persistence/run-lookups.js';
 import type { Runtime, RunReport } from '../../runtime.js';
-import { checkRunId, connect, type Connection } from '../connect.js';
+import { checkRunId, connect, recordRunModule, type Connection } from '../connect.js';
 import {
   parseConcurrency,
   parseJsonOption,
@@ -10,8 +13,11 @@ import {
 } from '../context.js';
 import { ExitCode, badInput } from '../exit-codes.js';
 import { loadJobModule, runSetup, type JobModule } from '../job-module.js';
-import { resumeCommand } from '../render.js';
+import { parseOutageLimit, watchRedis } from '../outage.js';
+import { resumeCommand, workerStatusJson, workerStatusLine } from '../render.js';
+import type { FlujoWorker } from '../../worker/worker.js';
 import { drive, finish, lastEventId } from './drive.js';
+import { runtimeCore } from '../../runtime.js';
 
 async function withJob(
   ctx: Ctx,
@@ -43,6 +49,18 @@ function checkSamePlan(report: RunReport, job: JobModule): void {
   }
 }
 
+/**
+ * Says which steps and fields of the job module's plan differ from the plan the run was started
+ * with: the run goes on with its stored plan (only the module's code is new).
+ */
+function warnIfPlanChanged(runId: string, stored: Plan, job: JobModule): void {
+  const differences = diffPlans(stored, job.plan);
+  if (differences.length === 0) return;
+  console.error(
+    `flujo: warning: the plan of job module "${job.path}" differs from the plan run "${runId}" was started with (${describePlanDifferences(differences)}); the run goes on with its stored plan, with the module's operators, policies, tools and agents`,
+  );
+}
+
 /** `flujo run <job-module> [--input JSON] [--run-id ID] [--request-key K] [--concurrency N] [--json]` */
 export async function cmdRun(ctx: Ctx): Promise<number> {
   const v = ctx.values;
@@ -51,6 +69,7 @@ export async function cmdRun(ctx: Ctx): Promise<number> {
   const input =
     v.input === undefined ? undefined : parseJsonOption(v.input, '--input', '{"url":"…"}');
   const concurrency = parseConcurrency(v.concurrency);
+  const outageLimitMs = parseOutageLimit(v['redis-outage-limit'], badInput);
   const runId =
     v['run-id'] === undefined ? undefined : checkRunId(v['run-id'], 'flujo run <job> --run-id ID');
   const requestKey = v['request-key'];
@@ -60,10 +79,10 @@ export async function cmdRun(ctx: Ctx): Promise<number> {
   const job = await loadJobModule(ctx.args[0], ctx.cwd);
   const json = v.json === true;
 
-  return withJob(ctx, job, false, async (conn, runtime) => {
-    if (runId !== undefined && (await conn.redis.exists(conn.keys.snap(runId))) !== 0) {
+  return withJob(ctx, job, true, async (conn, runtime) => {
+    if (runId !== undefined && (await runExists(conn.redis, conn.keys, runId))) {
       badInput(
-        `run "${runId}" already exists; continue it with \`${resumeCommand(runId, job.path, repeatFlags(v))}\`, or pass another --run-id`,
+        `run "${runId}" already exists; continue it with \`${resumeCommand(runId, job.file, repeatFlags(v))}\`, or pass another --run-id`,
       );
     }
     // Before the run is created: agents exported as a function are built and checked after
@@ -74,7 +93,8 @@ export async function cmdRun(ctx: Ctx): Promise<number> {
         ...(runId === undefined ? {} : { runId }),
         ...(requestKey === undefined ? {} : { requestKey }),
       });
-      const resume = resumeCommand(handle.runId, job.path, repeatFlags(v));
+      if (handle.created) await recordRunModule(conn, handle.runId, job.file);
+      const resume = resumeCommand(handle.runId, job.file, repeatFlags(v));
       // First: the run id and how to resume it, so a killed command loses nothing.
       if (json) {
         console.log(
@@ -87,15 +107,28 @@ export async function cmdRun(ctx: Ctx): Promise<number> {
         console.log(`run ${handle.runId} (${how})`);
         console.log(`resume: ${resume}`);
       }
-      if (!handle.created) checkSamePlan(await handle.status(), job);
+      if (!handle.created) {
+        checkSamePlan(await handle.status(), job);
+        warnIfPlanChanged(handle.runId, (await runtimeCore(runtime).meta(handle.runId)).plan, job);
+      }
       if (handle.created)
-        return await drive(runtime, handle.runId, { after: undefined, json, concurrency, resume });
+        return await drive(runtime, handle.runId, {
+          after: undefined,
+          json,
+          concurrency,
+          resume,
+          quiet: v.quiet === true,
+          conn,
+          outageLimitMs,
+        });
       return await proceed(conn, runtime, handle.runId, {
         json,
         concurrency,
+        outageLimitMs,
         resume,
         resumeFailed: false,
         by: '',
+        quiet: v.quiet === true,
       });
     } finally {
       await teardown();
@@ -114,25 +147,29 @@ export async function cmdResume(ctx: Ctx): Promise<number> {
   }
   if (ctx.args.length > 2) badInput(`unexpected argument "${ctx.args[2]}"; see \`flujo --help\``);
   const concurrency = parseConcurrency(v.concurrency);
+  const outageLimitMs = parseOutageLimit(v['redis-outage-limit'], badInput);
   const by = whoDecides(v, ctx.env);
   const job = await loadJobModule(ctx.args[1], ctx.cwd);
   const json = v.json === true;
   return withJob(
     ctx,
     job,
-    false,
+    true,
     async (conn, runtime) => {
       await conn.requireRun(runId);
       checkSamePlan(await runtime.status(runId), job);
-      const resume = resumeCommand(runId, job.path, repeatFlags(v));
+      warnIfPlanChanged(runId, (await runtimeCore(runtime).meta(runId)).plan, job);
+      const resume = resumeCommand(runId, job.file, repeatFlags(v));
       const teardown = await runSetup(job, ctx.cwd, runtime);
       try {
         return await proceed(conn, runtime, runId, {
           json,
           concurrency,
+          outageLimitMs,
           resume,
           resumeFailed: true,
           by,
+          quiet: v.quiet === true,
         });
       } finally {
         await teardown();
@@ -150,7 +187,15 @@ async function proceed(
   conn: Connection,
   runtime: Runtime,
   runId: string,
-  o: { json: boolean; concurrency: number; resume: string; resumeFailed: boolean; by: string },
+  o: {
+    json: boolean;
+    concurrency: number;
+    outageLimitMs: number;
+    resume: string;
+    resumeFailed: boolean;
+    by: string;
+    quiet: boolean;
+  },
 ): Promise<number> {
   const after = await lastEventId(conn, runId);
   const report = await runtime.status(runId);
@@ -164,18 +209,66 @@ async function proceed(
     json: o.json,
     concurrency: o.concurrency,
     resume: o.resume,
+    quiet: o.quiet,
+    conn,
+    outageLimitMs: o.outageLimitMs,
   });
 }
 
 /** `flujo worker <job-module> [--concurrency N]`: runs until SIGINT or SIGTERM. */
+/** `--status-every MS`: a whole number of milliseconds from 100 to 3600000, or undefined. */
+export function parseStatusEvery(text: string | undefined): number | undefined {
+  if (text === undefined) return undefined;
+  const ms = Number(text);
+  if (!/^\d+$/.test(text) || ms < 100 || ms > 3_600_000) {
+    badInput(
+      `--status-every "${text}" is not a whole number of milliseconds from 100 to 3600000; pass e.g. --status-every 5000`,
+    );
+  }
+  return ms;
+}
+
+/**
+ * Shows a worker's status on stderr until the returned function is called: a JSON line every
+ * `every` ms when given; else, when stderr is a terminal, a line for a person whenever the
+ * status changes. SIGUSR2 prints a JSON line at any time.
+ */
+function showStatus(worker: FlujoWorker, every: number | undefined): () => void {
+  const json = () => process.stderr.write(`${workerStatusJson(worker.status(), Date.now())}\n`);
+  process.on('SIGUSR2', json);
+  let timer: NodeJS.Timeout | undefined;
+  if (every !== undefined) {
+    timer = setInterval(json, every);
+  } else if (process.stderr.isTTY) {
+    let last = '';
+    timer = setInterval(() => {
+      const line = workerStatusLine(worker.status());
+      if (line === last) return;
+      last = line;
+      process.stderr.write(`${line}\n`);
+    }, 250);
+  }
+  return () => {
+    clearInterval(timer);
+    process.off('SIGUSR2', json);
+  };
+}
+
 export async function cmdWorker(ctx: Ctx): Promise<number> {
   if (ctx.args.length > 1) badInput(`unexpected argument "${ctx.args[1]}"; see \`flujo --help\``);
   const concurrency = parseConcurrency(ctx.values.concurrency);
+  const statusEvery = parseStatusEvery(ctx.values['status-every']);
   const job = await loadJobModule(ctx.args[0], ctx.cwd);
   return withJob(ctx, job, true, async (conn, runtime) => {
     const teardown = await runSetup(job, ctx.cwd, runtime);
     try {
       const worker = runtime.createWorker({ concurrency });
+      const watch = watchRedis({
+        url: conn.url,
+        target: conn.target,
+        timeoutMs: conn.timeoutMs,
+        limitMs: Infinity,
+      });
       const stopped = new Promise<void>((resolve) => {
         process.once('SIGINT', () => resolve());
         process.once('SIGTERM', () => resolve());
@@ -184,9 +277,12 @@ export async function cmdWorker(ctx: Ctx): Promise<number> {
       console.log(
         `flujo worker: processing runs on ${conn.target} (prefix ${conn.prefix}, concurrency ${concurrency}) with the operators of ${job.path}; Ctrl-C stops it`,
       );
+      const hideStatus = showStatus(worker, statusEvery);
       await stopped;
       console.log('flujo worker: stopping (running units finish first)');
+      watch.stop();
       await worker.close();
+      hideStatus();
       return ExitCode.ok;
     } finally {
       await teardown();

@@ -3,11 +3,20 @@ import type { JsonValue } from '../../internal/json.js';
 import { checkRunId } from '../connect.js';
 import { parseJsonOption, whoDecides, type Ctx } from '../context.js';
 import { ExitCode, badInput } from '../exit-codes.js';
-import { shellQuote } from '../render.js';
+import { flujoInvocation, resumeCommand, shellQuote } from '../render.js';
+import { runModule, type Connection } from '../connect.js';
+import { repeatFlags } from '../context.js';
 import { withRun } from './read.js';
 
-const continueHint = (runId: string) =>
-  `continue it with \`flujo resume ${shellQuote(runId)} <job-module>\` (or a running \`flujo worker\`)`;
+/** How to go on with a run: its resume command, with the job module that started it when known. */
+async function continueHint(conn: Connection, runId: string, ctx: Ctx): Promise<string> {
+  const file = await runModule(conn, runId);
+  const resume =
+    file === null
+      ? `${flujoInvocation()} resume ${shellQuote(runId)} <job-module>`
+      : resumeCommand(runId, file, repeatFlags(ctx.values));
+  return `continue it with \`${resume}\` (or a running \`${flujoInvocation()} worker\`)`;
+}
 
 /** `flujo approve|reject <runId> <stepId> [--by NAME] [--comment TEXT] [--json]` */
 export async function cmdDecide(ctx: Ctx, decision: 'approve' | 'reject'): Promise<number> {
@@ -34,11 +43,39 @@ export async function cmdDecide(ctx: Ctx, decision: 'approve' | 'reject'): Promi
     }
     const done = decision === 'approve' ? 'approved' : 'rejected';
     console.log(`${done} step "${stepId}" of run ${runId} (by ${by})`);
-    if (report.status === 'running') console.log(`run ${runId} is running; ${continueHint(runId)}`);
-    else {
+    if (report.status === 'running') {
+      console.log(`run ${runId} is running; ${await continueHint(conn, runId, ctx)}`);
+    } else {
       const why = report.summary.reason === null ? '' : ` (${report.summary.reason})`;
       console.log(`run ${runId} is ${report.status}${why}`);
     }
+    return ExitCode.ok;
+  });
+}
+
+/** `flujo skip <runId> <stepId> --reason TEXT [--by NAME] [--json]` */
+export async function cmdSkip(ctx: Ctx): Promise<number> {
+  const runId = checkRunId(ctx.args[0], 'flujo skip <runId> <stepId>');
+  const stepId = ctx.args[1];
+  if (stepId === undefined || stepId === '') {
+    badInput(`name the step: \`flujo skip ${runId} <stepId> --reason TEXT\``);
+  }
+  if (ctx.args.length > 2) badInput(`unexpected argument "${ctx.args[2]}"; see \`flujo --help\``);
+  const reason = ctx.values.reason;
+  if (reason === undefined || reason.trim() === '') {
+    badInput('say why the step is skipped, e.g. --reason "done by hand"');
+  }
+  const by = whoDecides(ctx.values, ctx.env);
+  return withRun(ctx, runId, async (conn) => {
+    const report = await conn.runtime().skip(runId, stepId, { by, reason });
+    if (ctx.values.json === true) {
+      console.log(JSON.stringify(report));
+      return ExitCode.ok;
+    }
+    console.log(`skipped step "${stepId}" of run ${runId} (by ${by}): ${reason}`);
+    if (report.status === 'running') {
+      console.log(`run ${runId} is running; ${await continueHint(conn, runId, ctx)}`);
+    } else console.log(`run ${runId} is ${report.status}`);
     return ExitCode.ok;
   });
 }
@@ -104,7 +141,7 @@ export async function cmdLedgerResolve(ctx: Ctx): Promise<number> {
     else {
       const how = 'retry' in resolution ? 'to be called again' : 'as succeeded';
       console.log(`resolved tool call ${entry.callId} (${entry.tool}) ${how} (by ${by})`);
-      console.log(`then ${continueHint(runId)}`);
+      console.log(`then ${await continueHint(conn, runId, ctx)}`);
     }
     return ExitCode.ok;
   });

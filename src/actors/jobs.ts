@@ -3,6 +3,11 @@ import type { PlannedAction } from '../machines/types.js';
 
 /** The kinds of BullMQ job that drive runs: one unit of work each. */
 export const JobName = {
+  /**
+   * Start a run: the one job a producer outside the runtime adds (see `start-job.ts`); its data is
+   * a `StartJobData`, not a {@link JobData}.
+   */
+  start: 'start',
   /** Execute attempt `attempt` of step `stepId`. */
   step: 'step',
   /** Take turn `turn` of attempt `attempt` of granular agent step `stepId`. */
@@ -21,6 +26,11 @@ export interface JobData {
   stepId?: string;
   attempt?: number;
   turn?: number;
+  /**
+   * For an attempt that paused for a tool call's approval: the execution it resumes as (the step's
+   * `pauses`). Absent for the attempt's first execution.
+   */
+  pause?: number;
 }
 
 /** A job to add, with its deterministic id. */
@@ -34,14 +44,27 @@ export interface JobSpec {
 // collide; BullMQ job ids must not contain ':'.
 const enc = (runId: string) => encodeURIComponent(runId);
 
-/** The id of the job that runs attempt `attempt` of `stepId`: the same for every enqueuer. */
-export function stepJobId(runId: string, stepId: string, attempt: number): string {
-  return `s|${enc(runId)}|${stepId}|${attempt}`;
+// An execution resumed after a tool call's approval is a unit of its own: its id says which.
+const pauseSuffix = (pause: number | undefined) =>
+  pause === undefined || pause === 0 ? '' : `|p${pause}`;
+
+/**
+ * The id of the job that runs attempt `attempt` of `stepId` (its execution after `pause` approved
+ * tool calls): the same for every enqueuer.
+ */
+export function stepJobId(runId: string, stepId: string, attempt: number, pause?: number): string {
+  return `s|${enc(runId)}|${stepId}|${attempt}${pauseSuffix(pause)}`;
 }
 
 /** The id of the job that takes turn `turn` (0-based) of attempt `attempt` of `stepId`. */
-export function turnJobId(runId: string, stepId: string, attempt: number, turn: number): string {
-  return `t|${enc(runId)}|${stepId}|${attempt}|${turn}`;
+export function turnJobId(
+  runId: string,
+  stepId: string,
+  attempt: number,
+  turn: number,
+  pause?: number,
+): string {
+  return `t|${enc(runId)}|${stepId}|${attempt}|${turn}${pauseSuffix(pause)}`;
 }
 
 /** The id of the delayed job that makes attempt `attempt` of `stepId` due. */
@@ -55,32 +78,49 @@ export function deadlineJobId(runId: string): string {
 }
 
 /**
- * The job of a RUNNING step attempt: a step job, or for a granular agent step the job of its next
- * turn (the turns it has committed).
+ * The job of a READY or RUNNING step attempt: a step job, or for a granular agent step the job of
+ * its next turn (the turns it has committed).
  */
 function unitJob(
   runId: string,
   stepId: string,
-  context: { attempt: number; granular: boolean; agent: { turns: number } | null },
+  context: {
+    attempt: number;
+    granular: boolean;
+    agent: { turns: number } | null;
+    pauses?: number;
+    fallback?: { active: boolean } | null;
+  },
 ): JobSpec {
   const { attempt } = context;
-  if (context.granular) {
+  const pause = context.pauses ?? 0;
+  const paused = pause === 0 ? {} : { pause };
+  // A fallback runs as one step job, whatever its primary was.
+  if (context.granular && context.fallback?.active !== true) {
     const turn = context.agent?.turns ?? 0;
     return {
       name: JobName.turn,
-      data: { runId, stepId, attempt, turn },
-      opts: { jobId: turnJobId(runId, stepId, attempt, turn) },
+      data: { runId, stepId, attempt, turn, ...paused },
+      opts: { jobId: turnJobId(runId, stepId, attempt, turn, pause) },
     };
   }
   return {
     name: JobName.step,
-    data: { runId, stepId, attempt },
-    opts: { jobId: stepJobId(runId, stepId, attempt) },
+    data: { runId, stepId, attempt, ...paused },
+    opts: { jobId: stepJobId(runId, stepId, attempt, pause) },
   };
 }
 
 /**
- * Every unit of work the run's snapshot says is due: each RUNNING step attempt (for a granular
+ * True for a step with a unit of work to do: READY (waiting for a worker), or RUNNING (a granular
+ * step between turns; any step in a snapshot an earlier release wrote).
+ */
+export function isDue(status: string): boolean {
+  return status === 'READY' || status === 'RUNNING';
+}
+
+/**
+ * Every unit of work the run's snapshot says is due: each READY or RUNNING step attempt (for a granular
  * agent step, its next turn), each scheduled retry. Derived from the snapshot rather than from
  * one transition's planned actions, so that enqueueing it again (a redelivered job, a restarted
  * worker) re-creates exactly what is missing and nothing else: the ids are deterministic and
@@ -90,7 +130,7 @@ export function dueJobs(runId: string, snapshot: RunSnapshot, now: number): JobS
   if (snapshot.status !== 'active') return [];
   const jobs: JobSpec[] = [];
   for (const step of runSteps(snapshot)) {
-    if (step.status === 'RUNNING') {
+    if (isDue(step.status)) {
       jobs.push(unitJob(runId, step.stepId, step));
     } else if (step.status === 'FAILED_RETRYABLE' && step.retryAt !== null) {
       const attempt = step.attempt + 1;
@@ -127,6 +167,8 @@ export function plannedJobs(
           attempt: p.attempt,
           granular: context?.granular === true,
           agent: context?.agent ?? null,
+          pauses: p.pause ?? 0,
+          fallback: context?.fallback ?? null,
         }),
       );
     } else if (p.type === 'step.scheduleRetry') {
@@ -142,15 +184,20 @@ export function plannedJobs(
 
 /** The job of a step or turn unit, from its data (a turn when it names one). */
 export function unitJobOf(data: JobData): JobSpec {
-  const { runId, stepId, attempt, turn } = data;
+  const { runId, stepId, attempt, turn, pause } = data;
   return turn === undefined
-    ? { name: JobName.step, data, opts: { jobId: stepJobId(runId, stepId!, attempt!) } }
-    : { name: JobName.turn, data, opts: { jobId: turnJobId(runId, stepId!, attempt!, turn) } };
+    ? { name: JobName.step, data, opts: { jobId: stepJobId(runId, stepId!, attempt!, pause) } }
+    : {
+        name: JobName.turn,
+        data,
+        opts: { jobId: turnJobId(runId, stepId!, attempt!, turn, pause) },
+      };
 }
 
 /**
- * The run's one unit of work in flight, when it has exactly one: its only RUNNING step attempt (or
- * that granular step's next turn). Null when the run has ended, or has no RUNNING step, or several.
+ * The run's one unit of work in flight, when it has exactly one: its only READY or RUNNING step
+ * attempt (or that granular step's next turn). Null when the run has ended, or has no such step, or
+ * several.
  * A scheduled retry is not counted: it has a delayed job of its own and touches another attempt.
  */
 export function soleUnit(runId: string, snapshot: RunSnapshot): JobSpec | null {
@@ -158,7 +205,7 @@ export function soleUnit(runId: string, snapshot: RunSnapshot): JobSpec | null {
   let sole: [string, RunSnapshot['children'][string]['snapshot']] | null = null;
   for (const stepId in snapshot.children) {
     const child = snapshot.children[stepId]!.snapshot;
-    if (child.value !== 'RUNNING') continue;
+    if (!isDue(child.value)) continue;
     if (sole !== null) return null;
     sole = [stepId, child];
   }

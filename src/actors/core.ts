@@ -1,18 +1,26 @@
 import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
-import { createRunHost, type AppliedEvent, type RunHost } from '../actors/run-host.js';
-import type { Operator, StreamedText } from '../actors/execute-step.js';
-import { modelClients } from '../actors/run-agent.js';
+import { createRunHost, type AppliedEvent, type RunHost } from './run-host.js';
+import type { Operator, StreamedText } from './execute-step.js';
+import type { RegisteredPolicy } from './policies.js';
+import { replayOriginOf, type ReplayOrigin } from './replay-calls.js';
+import { modelClients } from './run-agent.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
-import { InputValidationError } from '../errors.js';
+import {
+  InputValidationError,
+  RunNotFoundError,
+  RunRemovedError,
+  type SerializedError,
+} from '../errors.js';
 import type { JsonValue } from '../internal/json.js';
 import type { RunSnapshot } from '../machines/kernel.js';
 import { runSnapshotCodec } from '../machines/snapshot-migrations.js';
 import { parsePlan } from '../plan/parse-plan.js';
 import type { Plan } from '../plan/schema.js';
 import { createSnapshotCodec } from '../persistence/codec.js';
-import { createKeys, RunKeyKind, type Keys } from '../persistence/keys.js';
+import { createKeys, type Keys } from '../persistence/keys.js';
 import { coalesceWrites } from '../persistence/write-coalescing.js';
+import { checkRedisTimeout, redisClientOptions } from '../persistence/redis-errors.js';
 import { createLedger, type Ledger } from '../persistence/ledger.js';
 import { createFingerprintStore, type FingerprintStore } from '../persistence/fingerprint-store.js';
 import { createHistoryStore, type HistoryStore } from '../persistence/history.js';
@@ -20,11 +28,35 @@ import { createModelJournal, type ModelJournal } from '../persistence/model-jour
 import { createDefaultLogger, type Logger } from '../logging.js';
 import { parsePricing, type PricingTable } from '../llm/pricing.js';
 import { createTokenCounter, type TokenCounter } from '../llm/tokens.js';
-import { createBlobStore, type BlobStore } from '../persistence/blob-store.js';
+import {
+  createBlobStore,
+  DEFAULT_BLOB_RETENTION_MS,
+  type BlobStore,
+} from '../persistence/blob-store.js';
+import {
+  createRetentionStore,
+  parseRetentionOptions,
+  type RetentionOptions,
+  type RetentionStore,
+} from '../persistence/retention.js';
+import {
+  createCacheStore,
+  resolveCacheLimits,
+  type CacheStore,
+} from '../persistence/cache-store.js';
+import type { RunCacheOptions } from './step-cache.js';
+import type { PlanStep } from '../plan/schema.js';
 import { createQuotaStore, type QuotaStore } from '../persistence/quota-store.js';
-import { createModelContext, type ModelContext } from '../actors/model-context.js';
-import { createUsageMeter, type UsageMeter } from '../actors/usage-meter.js';
+import { createModelContext, type ModelContext } from './model-context.js';
+import { createUsageMeter, type UsageMeter } from './usage-meter.js';
 import { createSnapshotStore, type SnapshotStore } from '../persistence/snapshot-store.js';
+import { createStreamWatcher, type StreamWatcher } from '../persistence/stream-watcher.js';
+import { createRunIndex, type RunIndex } from '../persistence/run-index.js';
+import { createActiveRuns, type ActiveRuns } from '../persistence/active-runs.js';
+import { createRunCounters, type RunCounters } from '../persistence/run-counters.js';
+import { createRequestKeys, type RequestKeys } from '../persistence/request-keys.js';
+import { createUnitNotes, type UnitNotes } from '../persistence/unit-notes.js';
+import { createRunChannels, type RunChannels } from '../persistence/run-channels.js';
 import type { PlannedAction } from '../machines/types.js';
 import type { RunEvent } from '../schemas/events.js';
 import { createToolRegistry, type ToolRegistry } from '../tools/registry.js';
@@ -38,12 +70,38 @@ import {
   type JobSpec,
 } from './jobs.js';
 
+/** What the `onStepFailure` hook is told about one failed attempt, after its commit. */
+export interface StepFailureInfo {
+  runId: string;
+  stepId: string;
+  /** The attempt that failed (1 for the first). */
+  attempt: number;
+  /** For a granular agent step: the turn (0-based) the attempt failed in. */
+  turn?: number;
+  /** The error's code, e.g. `timeout`, `budget_exceeded`, `invalid_input`. */
+  code: string;
+  message: string;
+  /** Whether the error says the work may succeed if tried again. */
+  retryable: boolean;
+  /** Whether the step will be tried again (retryable, and attempts are left). */
+  willRetry: boolean;
+  /** The error as committed. */
+  error: SerializedError;
+}
+
 /** Options shared by the runtime and its workers. */
 export interface CoreOptions {
   /** A Redis client or URL. A client stays the caller's to close. */
   redis: Redis | string;
   /** Prefix of every Redis key. @defaultValue `'flujo'` */
   prefix?: string;
+  /**
+   * How long a call may wait for Redis, in ms: a runtime call that gets no answer in this time
+   * (Redis down, paused, or a server that accepts connections and never answers) fails with a
+   * retryable `RedisUnavailableError`. Clients the runtime opens from a URL also get it as their
+   * connect and command timeout; workers reconnect until Redis is back. @defaultValue 2000
+   */
+  redisTimeoutMs?: number;
   /** Tenant of runs started without one. @defaultValue `'default'` */
   tenantId?: string;
   /** BullMQ queue name. @defaultValue `'runs'` */
@@ -62,6 +120,19 @@ export interface CoreOptions {
   strictPricing?: boolean;
   /** Output tokens reserved per model call when the agent sets no `settings.maxTokens`. @defaultValue 1024 */
   defaultOutputTokens?: number;
+  /**
+   * Called once per failed attempt of any step, right after the failure is committed, in the
+   * worker that ran the attempt (not again when a redelivered job finds it committed; not at all
+   * if that worker dies between the commit and the call). Not awaited: a promise it returns runs
+   * on its own. Whatever it throws or rejects with is logged and changes nothing.
+   */
+  onStepFailure?: (failure: StepFailureInfo) => unknown;
+  /**
+   * The version of the policies the runtime applies, e.g. `'2026-11'`. Part of a granular agent
+   * step's fingerprint: a run whose steps started under another version is not resumed (an
+   * irrecoverable `ResumeError` naming `policyVersion`). @defaultValue none
+   */
+  policyVersion?: string;
   /** Storage of large tool results of granular steps. */
   blobs?: {
     /** How long a blob is kept after its last write, in ms. @defaultValue 7 days */
@@ -70,6 +141,21 @@ export interface CoreOptions {
     maxBytesPerRun?: number;
     /** Bytes of blob content a worker keeps in memory between turns (0: none). @defaultValue 32 MiB */
     cacheBytes?: number;
+  };
+  /**
+   * How long finished runs stay in Redis: `{ finishedRunsMs }`. When a run succeeds, fails or is
+   * cancelled, every key of it gets this expiry (a resumed run keeps its keys again); asking for
+   * it afterwards throws `RunRemovedError`. @defaultValue `{ finishedRunsMs: 7 days }`
+   */
+  retention?: RetentionOptions;
+  /** Storage of cached step outputs (`cachePolicy`), shared by the tenant's runs. */
+  cache?: {
+    /** How long an entry is kept after it is stored, in ms (an external one at most its `ttlMs`). @defaultValue 7 days */
+    retentionMs?: number;
+    /** How long a deterministic step's output hash is kept to check re-runs against, in ms. @defaultValue 90 days */
+    digestRetentionMs?: number;
+    /** The largest entry stored (its JSON, in UTF-8 bytes); a larger output is not cached. @defaultValue 1 MiB */
+    maxEntryBytes?: number;
   };
 }
 
@@ -84,44 +170,76 @@ export interface RunMeta {
   input: JsonValue;
   tenantId: string;
   requestKey: string | null;
+  /** The run's trace context (a W3C `traceparent`), or null for a run started without one. */
+  trace: string | null;
   createdAt: number;
+  /** What the start said about cached step outputs. */
+  cache: RunCacheOptions;
+  /** What the run replays, when it is a replay of another run. */
+  replay: ReplayOrigin | null;
 }
 
 const JOB_DEFAULTS = {
-  // Completed ids are kept a while so that a re-add of the same unit is a no-op.
-  removeOnComplete: { count: 20_000 },
-  removeOnFail: { count: 20_000 },
+  // Completed ids are kept a while so that a re-add of the same unit is a no-op (a re-add after
+  // that is harmless too: the job's guard finds the unit done); at most a day, at most 20 000.
+  removeOnComplete: { age: 24 * 3600, count: 20_000 },
+  removeOnFail: { age: 7 * 24 * 3600, count: 20_000 },
   // Our processor throws only for infrastructure trouble (step failures are events): retry it.
   attempts: 25,
   backoff: { type: 'exponential', delay: 100 },
 };
 
-/** @internal The connections, stores and registries one runtime shares with its workers. */
+/**
+ * The connections, stores and registries one runtime shares with its workers. Not exported from the
+ * package (not tagged internal: the declarations of the worker's modules refer to it).
+ */
 export class RuntimeCore {
   readonly redis: Redis;
   readonly ownsRedis: boolean;
+  /** See `CoreOptions.redisTimeoutMs`. */
+  readonly redisTimeoutMs: number;
   readonly keys: Keys;
   readonly store: SnapshotStore<RunSnapshot>;
   readonly host: RunHost;
   readonly ledger: Ledger;
+  /** The run list. */
+  readonly runs: RunIndex;
+  /** The runs not finished yet (walked by a starting worker). */
+  readonly activeRuns: ActiveRuns;
+  /** Per-run counters that budgets read (tool calls, a step's first start). */
+  readonly counters: RunCounters;
+  /** Start requests' keys, claimed once per tenant. */
+  readonly requestKeys: RequestKeys;
+  /** The notes workers leave when they start a unit. */
+  readonly unitNotes: UnitNotes;
+  /** Aborts, streamed text and progress, published live. */
+  readonly channels: RunChannels;
   readonly journal: ModelJournal;
   readonly history: HistoryStore;
   readonly fingerprints: FingerprintStore;
   readonly quota: QuotaStore;
   readonly blobs: BlobStore;
+  readonly retention: RetentionStore;
+  readonly cache: CacheStore;
   readonly meter: UsageMeter;
   readonly context: ModelContext;
   readonly log: Logger;
   readonly #counters = new Map<string, TokenCounter>();
-  readonly queue: Queue;
+  #queue: Queue | undefined;
   readonly #queueConnection: Redis;
-  #blocking: Redis | undefined;
+  #watcher: StreamWatcher | undefined;
   #subscriber: Redis | undefined;
   readonly #listeners = new Map<string, Set<(message: string) => void>>();
   readonly queueName: string;
   readonly tenantId: string;
   readonly clock: () => number;
+  readonly onStepFailure: ((failure: StepFailureInfo) => unknown) | undefined;
+  readonly policyVersion: string | undefined;
   readonly operators = new Map<string, Operator>();
+  /** The `version` an operator or agent was registered with, by name: part of its cache key. */
+  readonly operatorVersions = new Map<string, string>();
+  readonly agentVersions = new Map<string, string>();
+  readonly policies = new Map<string, RegisteredPolicy>();
   readonly agents = new Map<string, AgentDefinition>();
   readonly clientFor = modelClients();
   readonly tools: ToolRegistry = createToolRegistry();
@@ -130,10 +248,47 @@ export class RuntimeCore {
   readonly #planCache = new Map<string, Plan>();
 
   constructor(options: CoreOptions) {
+    // Checked before any connection is made: a refused option leaves nothing open.
+    if (options.onStepFailure !== undefined && typeof options.onStepFailure !== 'function') {
+      throw new InputValidationError('runtime options', [
+        {
+          path: 'onStepFailure',
+          message: 'must be a function, e.g. onStepFailure: (failure) => console.warn(failure)',
+        },
+      ]);
+    }
+    this.onStepFailure = options.onStepFailure;
+    const policyVersion: unknown = options.policyVersion;
+    if (
+      policyVersion !== undefined &&
+      (typeof policyVersion !== 'string' || policyVersion === '')
+    ) {
+      throw new InputValidationError('runtime options', [
+        {
+          path: 'policyVersion',
+          message: 'must be a non-empty string, e.g. policyVersion: "2026-11"',
+        },
+      ]);
+    }
+    this.policyVersion = policyVersion;
+    const retention = parseRetentionOptions(options.retention);
+    const cacheLimits = resolveCacheLimits(options.cache ?? {});
+    try {
+      this.redisTimeoutMs = checkRedisTimeout(options.redisTimeoutMs, 'redisTimeoutMs');
+    } catch (error) {
+      throw new InputValidationError('runtime options', [
+        { path: 'redisTimeoutMs', message: (error as Error).message },
+      ]);
+    }
     this.ownsRedis = typeof options.redis === 'string';
     this.redis =
       typeof options.redis === 'string'
-        ? coalesceWrites(new Redis(options.redis, { maxRetriesPerRequest: 3, lazyConnect: false }))
+        ? coalesceWrites(
+            new Redis(options.redis, {
+              ...redisClientOptions(this.redisTimeoutMs),
+              lazyConnect: false,
+            }),
+          )
         : options.redis;
     if (this.ownsRedis) this.redis.on('error', () => {}); // surfaced by the failing command
     this.keys = createKeys(options.prefix);
@@ -148,6 +303,12 @@ export class RuntimeCore {
     });
     this.host = createRunHost({ store: this.store });
     this.ledger = createLedger({ redis: this.redis, prefix: this.keys.prefix, clock: this.clock });
+    this.runs = createRunIndex(this.redis, this.keys);
+    this.activeRuns = createActiveRuns(this.redis, this.keys);
+    this.counters = createRunCounters(this.redis, this.keys);
+    this.requestKeys = createRequestKeys(this.redis, this.keys);
+    this.unitNotes = createUnitNotes(this.redis, this.keys);
+    this.channels = createRunChannels(this.redis, this.keys);
     const stores = { redis: this.redis, prefix: this.keys.prefix };
     this.journal = createModelJournal(stores);
     this.history = createHistoryStore(stores);
@@ -159,6 +320,14 @@ export class RuntimeCore {
     });
     const { cacheBytes, ...blobOptions } = options.blobs ?? {};
     this.blobs = createBlobStore({ ...stores, ...blobOptions });
+    this.retention = createRetentionStore({
+      redis: this.redis,
+      keys: this.keys,
+      finishedRunsMs: retention.finishedRunsMs,
+      blobRetentionMs: blobOptions.retentionMs ?? DEFAULT_BLOB_RETENTION_MS,
+      clock: this.clock,
+    });
+    this.cache = createCacheStore({ ...stores, ...cacheLimits });
     const pricing =
       options.pricing === undefined
         ? undefined
@@ -179,14 +348,29 @@ export class RuntimeCore {
       log: this.log,
       ...(cacheBytes === undefined ? {} : { blobCacheBytes: cacheBytes }),
     });
-    this.#queueConnection = coalesceWrites(this.redis.duplicate({ maxRetriesPerRequest: null }));
+    this.#queueConnection = coalesceWrites(
+      this.redis.duplicate({
+        maxRetriesPerRequest: null,
+        ...(this.ownsRedis ? { commandTimeout: this.redisTimeoutMs } : {}),
+      }),
+    );
     this.#queueConnection.on('error', () => {});
-    this.queue = new Queue(this.queueName, {
-      connection: this.#queueConnection,
-      prefix: this.keys.queuePrefix(),
-      defaultJobOptions: JOB_DEFAULTS,
-    });
-    this.queue.on('error', () => {});
+  }
+
+  /**
+   * The runtime's queue, made on first use: BullMQ writes the queue's meta when it makes one, so a
+   * runtime that only reads (status, reproduce) writes nothing.
+   */
+  get queue(): Queue {
+    if (this.#queue === undefined) {
+      this.#queue = new Queue(this.queueName, {
+        connection: this.#queueConnection,
+        prefix: this.keys.queuePrefix(),
+        defaultJobOptions: JOB_DEFAULTS,
+      });
+      this.#queue.on('error', () => {});
+    }
+    return this.#queue;
   }
 
   /** The run's plan, input and tenant (cached: they never change). */
@@ -210,11 +394,38 @@ export class RuntimeCore {
       input: JSON.parse(raw['input'] ?? 'null') as JsonValue,
       tenantId: raw['tenantId'] ?? this.tenantId,
       requestKey: raw['requestKey'] ?? null,
+      trace: raw['trace'] ?? null,
       createdAt: Number(raw['createdAt'] ?? 0),
+      cache: {
+        allowCacheHit: raw['allowCacheHit'] === '1',
+        refresh: raw['refreshCache'] === '1',
+      },
+      replay: replayOriginOf(raw),
     };
     if (this.#metaCache.size > 10_000) this.#metaCache.clear();
     this.#metaCache.set(runId, meta);
     return meta;
+  }
+
+  /**
+   * The code identity of a step's primary, part of its cache key: the operator or agent name and
+   * the version it was registered with (for an agent also its model, prompt, settings and tools).
+   */
+  identityOf(step: PlanStep): JsonValue {
+    if (step.kind === 'agent') {
+      const agent = this.agents.get(step.agent);
+      return {
+        kind: 'agent',
+        name: step.agent,
+        version: this.agentVersions.get(step.agent) ?? null,
+        model: agent?.model ?? null,
+        systemPrompt: agent?.systemPrompt ?? null,
+        settings: (agent?.settings ?? null) as JsonValue,
+        tools: agent?.tools.map((t) => t.identity) ?? [],
+      };
+    }
+    const name = step.kind === 'operator' ? step.operator : step.kind;
+    return { kind: step.kind, name, version: this.operatorVersions.get(name) ?? null };
   }
 
   /** The token counter of a model (one per model, shared by usage and context). */
@@ -252,9 +463,40 @@ export class RuntimeCore {
       }
     }
     if (jobs.length > 0) await this.add(jobs);
-    if (snapshot.status !== 'active' || snapshot.value === 'failed') {
-      await this.redis.srem(this.keys.activeRuns(), runId);
-    }
+    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.ended(runId);
+  }
+
+  /**
+   * A run that finished (succeeded, failed, cancelled): its keys get their expiry, then it leaves
+   * the active runs. In that order: a crash in between leaves it active, so the next worker start
+   * (or a redelivered job) comes here again and finishes the job.
+   */
+  async ended(runId: string): Promise<void> {
+    const meta = await this.meta(runId);
+    await this.retention.expireFinished(runId, {
+      tenantId: meta.tenantId,
+      stepIds: meta.plan.steps.map((s) => s.id),
+      requestKey: meta.requestKey === '' ? null : meta.requestKey,
+    });
+    await this.activeRuns.remove(runId);
+  }
+
+  /** A resumed run: it keeps its keys again (no expiry). */
+  async resumed(runId: string): Promise<void> {
+    const meta = await this.meta(runId);
+    await this.retention.keep(runId, {
+      tenantId: meta.tenantId,
+      stepIds: meta.plan.steps.map((s) => s.id),
+      requestKey: meta.requestKey === '' ? null : meta.requestKey,
+    });
+  }
+
+  /** The error for a run that is not there: removed by retention, or never there. */
+  async notFound(runId: string): Promise<RunNotFoundError> {
+    const removed = await this.retention.removed(runId);
+    return removed === null
+      ? new RunNotFoundError(runId)
+      : new RunRemovedError(runId, removed.finishedAt, removed.retentionMs);
   }
 
   /**
@@ -266,9 +508,7 @@ export class RuntimeCore {
     if (!applied.committed) return this.enqueueDue(runId, applied.envelope);
     const jobs = plannedJobs(runId, snapshot, applied.transition.planned, this.clock());
     if (jobs.length > 0) await this.add(jobs);
-    if (snapshot.status !== 'active' || snapshot.value === 'failed') {
-      await this.redis.srem(this.keys.activeRuns(), runId);
-    }
+    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.ended(runId);
   }
 
   /** Adds jobs in one round trip. */
@@ -307,7 +547,7 @@ export class RuntimeCore {
   async publishAborts(runId: string, planned: readonly PlannedAction[]): Promise<void> {
     for (const p of planned) {
       if (p.type === 'step.abort') {
-        await this.redis.publish(this.abortChannel(), abortMessage(runId, p.stepId, p.attempt));
+        await this.channels.publishAbort(abortMessage(runId, p.stepId, p.attempt));
       }
     }
   }
@@ -316,7 +556,7 @@ export class RuntimeCore {
   publishChunk(chunk: StreamedText): void {
     const message = JSON.stringify({ ...chunk, at: this.clock() });
     // Best effort: a lost chunk costs a viewer some live text; the final message is committed.
-    this.redis.publish(this.chunkChannel(chunk.runId), message).catch(() => {});
+    this.channels.publishChunk(chunk.runId, message).catch(() => {});
   }
 
   /**
@@ -324,7 +564,26 @@ export class RuntimeCore {
    * is called. One subscriber connection serves every listener of the runtime.
    */
   async subscribeChunks(runId: string, listener: (message: string) => void): Promise<() => void> {
-    const channel = this.chunkChannel(runId);
+    return this.subscribe(this.chunkChannel(runId), listener);
+  }
+
+  /** Calls `listener` with each message of a run's progress channel (see `publishProgress`). */
+  async subscribeProgress(runId: string, listener: (message: string) => void): Promise<() => void> {
+    return this.subscribe(this.channels.progressChannel(runId), listener);
+  }
+
+  /**
+   * Records the latest progress an operator reported for its step (one hash field, overwritten)
+   * and publishes it to the run's progress channel. Best effort, not awaited: progress is for
+   * people watching, never part of the run's history.
+   */
+  publishProgress(runId: string, stepId: string, attempt: number, info: JsonValue): void {
+    const message = JSON.stringify({ runId, stepId, attempt, info, at: this.clock() });
+    this.channels.publishProgress(runId, stepId, message).catch(() => {});
+  }
+
+  /** Calls `listener` with each message of `channel` until the returned function is called. */
+  async subscribe(channel: string, listener: (message: string) => void): Promise<() => void> {
     if (this.#subscriber === undefined) {
       const subscriber = this.redis.duplicate();
       subscriber.on('error', () => {});
@@ -353,29 +612,26 @@ export class RuntimeCore {
 
   /** The pub/sub channel on which a run's streamed reply text is published. */
   chunkChannel(runId: string): string {
-    return this.keys.runKey(runId, RunKeyKind.Chunks);
+    return this.channels.chunkChannel(runId);
   }
 
   /** The pub/sub channel on which aborts of running attempts are announced. */
   abortChannel(): string {
-    return `${this.keys.prefix}:abort`;
+    return this.channels.abortChannel;
   }
 
-  /** The connection for blocking stream reads (XREAD BLOCK), created on first use. */
-  blocking(): Redis {
-    if (this.#blocking === undefined) {
-      this.#blocking = this.redis.duplicate({ maxRetriesPerRequest: null });
-      this.#blocking.on('error', () => {});
-    }
-    return this.#blocking;
+  /** Waits for new events of runs on one dedicated connection, created on first use. */
+  watcher(): StreamWatcher {
+    this.#watcher ??= createStreamWatcher(this.redis);
+    return this.#watcher;
   }
 
   async close(): Promise<void> {
-    this.#blocking?.disconnect();
-    this.#blocking = undefined;
+    this.#watcher?.close();
+    this.#watcher = undefined;
     this.#subscriber?.disconnect();
     this.#subscriber = undefined;
-    await this.queue.close();
+    await this.#queue?.close();
     // BullMQ does not close a connection it was given.
     this.#queueConnection.disconnect();
     await this.store.close();

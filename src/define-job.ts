@@ -1,0 +1,64 @@
+/**
+ * `defineJob`: a job module's exports in one typed object, for `export default defineJob({ … })`.
+ * The plan's operator names are checked against `operators` by the type checker: a step that
+ * names an operator the job does not define does not compile (and `flujo validate <module>` says
+ * so at run time too, as every command that loads the module does).
+ */
+import type { Operator } from './actors/execute-step.js';
+import type { PolicyExport } from './actors/policies.js';
+import type { AgentDefinition } from './agents/define-agent.js';
+import type { JsonValue } from './internal/json.js';
+import type { PricingTable } from './llm/pricing.js';
+import type { PlanInput } from './plan/schema.js';
+import type { ToolDefinition } from './tools/define-tool.js';
+
+/** The operator names the steps of plan `P` use. */
+export type OperatorNamesOf<P> = P extends { steps: readonly (infer S)[] }
+  ? S extends { kind: 'operator'; operator: infer N extends string }
+    ? N
+    : never
+  : never;
+
+/** What `setup` receives. */
+export interface JobSetupContext {
+  /** A directory the job may keep files in: `.flujo/data` of the project. */
+  dataDir: string;
+}
+
+/** A job: what a job module exports. */
+export interface JobDefinition<P extends PlanInput = PlanInput> {
+  /** The plan. */
+  plan: P;
+  /** Every operator the plan's steps name, by name. */
+  operators: Record<OperatorNamesOf<P>, Operator> & Record<string, Operator>;
+  /** Tools the operators and agents call. */
+  tools?: readonly ToolDefinition[];
+  /** Agents the plan's agent steps name, or a function returning them, called after setup. */
+  agents?: readonly AgentDefinition[] | ((ctx: JobSetupContext) => unknown);
+  /** Policies the plan's policy_check steps and policy tags name. */
+  policies?: Record<string, PolicyExport>;
+  /** The default run input. */
+  input?: JsonValue;
+  /** Called once before run, resume and worker; the function it returns is called on exit. */
+  setup?: (ctx: JobSetupContext) => unknown;
+  /** Prices per model, or the path of such a JSON file beside the module. */
+  pricing?: PricingTable | string;
+  /** A model without a price fails its step before any request. */
+  strictPricing?: boolean;
+}
+
+/**
+ * Returns `job` as it is, typed: `export default defineJob({ plan, operators, … })`. A step that
+ * names an operator missing from `operators` is a type error.
+ *
+ * @example
+ * ```ts
+ * export default defineJob({
+ *   plan: { name: 'hello', steps: [{ id: 'greet', kind: 'operator', operator: 'greet' }] },
+ *   operators: { greet: ({ input }) => ({ text: `Hello ${String(input)}` }) },
+ * });
+ * ```
+ */
+export function defineJob<const P extends PlanInput>(job: JobDefinition<P>): JobDefinition<P> {
+  return job;
+}

@@ -1,0 +1,598 @@
+/**
+ * A run's trace as JSON, built from what is stored about it: the event stream (attempts, turns,
+ * approval waits, and, when a worker records them, tool and model calls and the worker's
+ * identity), the tool-call ledger and the usage reservations (one per model call). Pure: the
+ * caller reads the records.
+ */
+import type { LedgerEntry } from '../persistence/ledger.js';
+import type { Reservation } from '../persistence/quota-store.js';
+
+/** How an attempt ended, or that it has not. */
+export type AttemptOutcome =
+  'succeeded' | 'failed' | 'skipped' | 'cancelled' | 'running' | 'waiting';
+
+/** A wait for a person: a step's gate, or one tool call of an attempt. */
+export interface TraceWait {
+  kind: 'gate' | 'tool';
+  start: number;
+  /** When the decision came; null while it waits. */
+  end: number | null;
+  decision: 'approved' | 'rejected' | null;
+  by: string | null;
+  comment: string | null;
+  /** The tool and the ledger call id, for a tool call's wait. */
+  tool: string | null;
+  callId: string | null;
+}
+
+/** One model call: its usage reservation, or the event a worker recorded for it. */
+export interface TraceModelCall {
+  turn: number;
+  model: string | null;
+  start: number;
+  end: number | null;
+  inputTokens: number | null;
+  outputTokens: number | null;
+  costUsd: number | null;
+  /** How its usage was settled (`usage`, `baseline`, `none`), `recorded` (from an event), or `open`. */
+  outcome: string;
+}
+
+/** One recorded execution of a tool call: ran, or its receipt replayed. */
+export interface TraceToolExecution {
+  at: number;
+  verdict: string;
+  durationMs: number | null;
+  /** The agent turn the worker recorded it in (null: an operator's call, or not recorded). */
+  turn: number | null;
+}
+
+/** One tool call as the ledger holds it. */
+export interface TraceToolCall {
+  callId: string;
+  tool: string;
+  /** The ledger state: SUCCEEDED, FAILED, IN_DOUBT, RUNNING, PREPARED. */
+  state: string;
+  /**
+   * What came of the call, from the ledger: `executed` (it ran and has its receipt), `failed`,
+   * `in_doubt`, `running`, `prepared` (not run: e.g. waiting for approval), or `receipt_replayed`
+   * (recorded before this step ran: an action's call another run made).
+   */
+  verdict: string;
+  /**
+   * Each time a worker recorded the call (`tool.called`: `executed`, `receipt_replayed`, `held`,
+   * `failed`), oldest first; empty when the event stream does not record tool calls.
+   */
+  executions: TraceToolExecution[];
+  /** How many times the tool was run for this call. */
+  runs: number;
+  start: number;
+  end: number | null;
+  /** The agent turn it belongs to; null for an operator's call. */
+  turn: number | null;
+  error: string | null;
+}
+
+/** A unit (the attempt, or one turn) run again by `worker` after `previousWorker` stopped. */
+export interface TraceTakeover {
+  at: number;
+  turn: number | null;
+  previousWorker: string | null;
+  /** When the stopped worker had started the unit. */
+  previousStartedAt: number | null;
+  worker: string | null;
+}
+
+/** One agent turn of an attempt. */
+export interface TraceTurn {
+  turn: number;
+  start: number;
+  end: number | null;
+  /** `committed` (granular), `done` (atomic, a later turn or the answer followed), or `open`. */
+  outcome: 'committed' | 'done' | 'open';
+}
+
+/** One attempt of a step. */
+export interface TraceAttempt {
+  attempt: number;
+  start: number;
+  end: number | null;
+  outcome: AttemptOutcome;
+  error: { code: string; message: string; retryable: boolean } | null;
+  /** The workers that ran it (when the stream records them), e.g. `host:pid`, in order. */
+  workers: string[];
+  /** Units of the attempt run again after the worker that started them stopped. */
+  takeovers: TraceTakeover[];
+  turns: TraceTurn[];
+  modelCalls: TraceModelCall[];
+  toolCalls: TraceToolCall[];
+  waits: TraceWait[];
+}
+
+/** One step of the run. */
+export interface TraceStep {
+  stepId: string;
+  kind: string;
+  status: string;
+  attempts: TraceAttempt[];
+  /** The step's gate wait (human_gate steps). */
+  waits: TraceWait[];
+  /** A skip by request, outside any attempt. */
+  skipped: { at: number; reason: string; by: string | null } | null;
+}
+
+/** A run's trace: every step, attempt, agent turn, model call, tool call and approval wait. */
+export interface RunTrace {
+  version: 1;
+  runId: string;
+  planName: string;
+  tenantId: string;
+  status: string;
+  /** The OpenTelemetry trace id of the run's spans; null for a run started without one. */
+  traceId: string | null;
+  start: number;
+  /** When the run ended; null while it runs or waits. */
+  end: number | null;
+  steps: TraceStep[];
+}
+
+/** What a run's trace is built from. */
+export interface RunTraceSources {
+  runId: string;
+  planName: string;
+  tenantId: string;
+  status: string;
+  createdAt: number;
+  traceparent: string | null;
+  /** The plan's steps, in plan order. */
+  plan: readonly { id: string; kind: string; dependsOn: readonly string[] }[];
+  /** Each step's current status and attempt. */
+  steps: readonly { stepId: string; status: string; attempt: number }[];
+  /** The notes of started executions, by step id: `<attempt> <pauses> <at>`. */
+  started: Readonly<Record<string, string>>;
+  /** The run's event stream, in order. */
+  events: readonly { readonly type: string; readonly [field: string]: unknown }[];
+  ledger: readonly LedgerEntry[];
+  reservations: readonly Reservation[];
+}
+
+const FINISHED = new Set(['succeeded', 'failed', 'cancelled']);
+
+/** The events that belong to one attempt of a step (others name an attempt only in passing). */
+const ATTEMPT_EVENTS = new Set([
+  'step.started',
+  'step.succeeded',
+  'step.failed',
+  'step.skipped',
+  'turn.committed',
+  'tool.approvalRequested',
+  'tool.called',
+  'model.called',
+  'step.ran',
+  'turn.ran',
+  'step.takenOver',
+  'turn.takenOver',
+]);
+
+const str = (v: unknown): string | null => (typeof v === 'string' && v !== '' ? v : null);
+const num = (v: unknown): number | null => (typeof v === 'number' && Number.isFinite(v) ? v : null);
+
+/** A worker's identity as an event may record it: a string, or `{ host, pid }`. */
+function workerOf(v: unknown): string | null {
+  if (typeof v === 'string') return v === '' ? null : v;
+  if (typeof v !== 'object' || v === null) return null;
+  const { host, pid, id } = v as Record<string, unknown>;
+  if (typeof id === 'string') return id;
+  if (typeof host === 'string' || typeof pid === 'number') {
+    return `${typeof host === 'string' ? host : '?'}:${typeof pid === 'number' ? pid : '?'}`;
+  }
+  return null;
+}
+
+function ledgerVerdict(state: string): string {
+  switch (state) {
+    case 'SUCCEEDED':
+      return 'executed';
+    case 'FAILED':
+      return 'failed';
+    case 'IN_DOUBT':
+      return 'in_doubt';
+    case 'RUNNING':
+      return 'running';
+    default:
+      return 'prepared';
+  }
+}
+
+/** The verdict a `tool.called` event records: ran, receipt replayed, held, or failed. */
+function eventVerdict(e: Readonly<Record<string, unknown>>): string {
+  const verdict = str(e['verdict']);
+  if (verdict !== null) return verdict;
+  const outcome = str(e['outcome']);
+  if (outcome === 'failed' || outcome === 'held') return outcome;
+  return e['replayed'] === true ? 'receipt_replayed' : 'executed';
+}
+
+function newAttempt(attempt: number, start: number): TraceAttempt {
+  return {
+    attempt,
+    start,
+    end: null,
+    outcome: 'running',
+    error: null,
+    workers: [],
+    takeovers: [],
+    turns: [],
+    modelCalls: [],
+    toolCalls: [],
+    waits: [],
+  };
+}
+
+/** The attempt of `list` in whose interval `at` falls, else the last one started before it. */
+function attemptAt(list: readonly TraceAttempt[], at: number): TraceAttempt | undefined {
+  const inside = list.find((a) => a.start <= at && (a.end === null || at <= a.end));
+  if (inside !== undefined) return inside;
+  return [...list].reverse().find((a) => a.start <= at) ?? list[0];
+}
+
+/** Builds a run's trace from its stored records. */
+export function buildRunTrace(src: RunTraceSources): RunTrace {
+  const kinds = new Map(src.plan.map((s) => [s.id, s.kind]));
+  const attempts = new Map<string, Map<number, TraceAttempt>>(
+    src.plan.map((s) => [s.id, new Map()]),
+  );
+  const stepWaits = new Map<string, TraceWait[]>(src.plan.map((s) => [s.id, []]));
+  const skips = new Map<string, TraceStep['skipped']>();
+  const finishedAt = new Map<string, number>();
+  const executions = new Map<string, TraceToolExecution[]>();
+  // When a turn's execution began, by step, attempt and turn: the worker's own record of it.
+  const turnBegan = new Map<string, number>();
+  const modelEvents = new Map<string, TraceModelCall[]>();
+  const gateSince = new Map<string, number>();
+  let stoppedAt: number | null = null;
+  let lastAt = src.createdAt;
+
+  const attemptOf = (stepId: string, n: number, at: number): TraceAttempt | undefined => {
+    const byNumber = attempts.get(stepId);
+    if (byNumber === undefined) return undefined;
+    let a = byNumber.get(n);
+    if (a === undefined) byNumber.set(n, (a = newAttempt(n, at)));
+    return a;
+  };
+
+  for (const e of src.events) {
+    const at = num(e['at']) ?? lastAt;
+    lastAt = Math.max(lastAt, at);
+    const stepId = str(e['stepId']) ?? '';
+    const n = ATTEMPT_EVENTS.has(e.type) ? num(e['attempt']) : null;
+    const a = n === null || n < 1 ? undefined : attemptOf(stepId, n, at);
+    const worker = workerOf(e['worker']);
+    if (a !== undefined && worker !== null && !a.workers.includes(worker)) a.workers.push(worker);
+    const turnOf = num(e['turn']);
+    const began = (t: number | null) => {
+      if (a === undefined || turnOf === null || t === null) return;
+      const key = `${stepId}\n${a.attempt}\n${turnOf}`;
+      turnBegan.set(key, Math.min(turnBegan.get(key) ?? t, t));
+    };
+    switch (e.type) {
+      case 'step.succeeded':
+      case 'step.failed':
+      case 'step.skipped': {
+        if (e.type !== 'step.failed') finishedAt.set(stepId, at);
+        if (a === undefined) {
+          if (e.type === 'step.skipped') {
+            skips.set(stepId, { at, reason: str(e['reason']) ?? '', by: str(e['by']) });
+          }
+          break;
+        }
+        a.end = at;
+        a.outcome =
+          e.type === 'step.succeeded'
+            ? 'succeeded'
+            : e.type === 'step.failed'
+              ? 'failed'
+              : 'skipped';
+        const error = e['error'] as Record<string, unknown> | undefined;
+        if (e.type === 'step.failed' && error !== undefined) {
+          a.error = {
+            code: str(error['code']) ?? 'unknown',
+            message: str(error['message']) ?? '',
+            retryable: error['retryable'] === true,
+          };
+        }
+        break;
+      }
+      case 'turn.committed': {
+        const turn = num(e['turn']);
+        if (a === undefined || turn === null) break;
+        const before = a.turns.at(-1);
+        a.turns.push({ turn, start: before?.end ?? a.start, end: at, outcome: 'committed' });
+        break;
+      }
+      case 'tool.approvalRequested':
+        a?.waits.push({
+          kind: 'tool',
+          start: at,
+          end: null,
+          decision: null,
+          by: null,
+          comment: null,
+          tool: str(e['tool']),
+          callId: str(e['callId']),
+        });
+        break;
+      case 'gate.approved':
+      case 'gate.rejected': {
+        const decision = e.type === 'gate.approved' ? 'approved' : 'rejected';
+        const callId = str(e['callId']);
+        const decided = {
+          end: at,
+          decision,
+          by: str(e['by']),
+          comment: str(e['comment']),
+        } as const;
+        if (callId !== null) {
+          const open = [...(attempts.get(stepId)?.values() ?? [])]
+            .flatMap((x) => x.waits)
+            .find((w) => w.callId === callId && w.end === null);
+          if (open !== undefined) Object.assign(open, decided);
+        } else {
+          stepWaits.get(stepId)?.push({
+            kind: 'gate',
+            start: gateSince.get(stepId) ?? gateStart(src, finishedAt, stepId),
+            ...decided,
+            tool: null,
+            callId: null,
+          });
+        }
+        break;
+      }
+      case 'step.changed':
+        // A gate starts waiting when its step goes to WAITING_APPROVAL outside any attempt.
+        if (e['to'] === 'WAITING_APPROVAL' && num(e['attempt']) === 0) gateSince.set(stepId, at);
+        break;
+      case 'run.cancelled':
+      case 'run.stopped':
+        stoppedAt = at;
+        break;
+      case 'tool.called': {
+        const callId = str(e['callId']);
+        if (callId === null) break;
+        const list = executions.get(callId) ?? [];
+        list.push({
+          at,
+          verdict: eventVerdict(e),
+          durationMs: num(e['durationMs']),
+          turn: num(e['turn']),
+        });
+        executions.set(callId, list);
+        break;
+      }
+      case 'step.ran':
+      case 'turn.ran':
+        began(num(e['startedAt']));
+        break;
+      case 'step.takenOver':
+      case 'turn.takenOver': {
+        const previousStartedAt = num(e['previousStartedAt']);
+        began(previousStartedAt);
+        a?.takeovers.push({
+          at,
+          turn: turnOf,
+          previousWorker: workerOf(e['previousWorker']),
+          previousStartedAt,
+          worker,
+        });
+        break;
+      }
+      case 'model.called': {
+        const list = modelEvents.get(stepId) ?? [];
+        const duration = num(e['durationMs']);
+        const start = num(e['startedAt']) ?? (duration === null ? at : at - duration);
+        list.push({
+          turn: num(e['turn']) ?? 0,
+          model: str(e['model']),
+          start,
+          end: at,
+          inputTokens: num(e['inputTokens']),
+          outputTokens: num(e['outputTokens']),
+          costUsd: num(e['costUsd']),
+          outcome: str(e['charged']) ?? str(e['outcome']) ?? 'recorded',
+        });
+        modelEvents.set(stepId, list);
+        break;
+      }
+      default:
+        break;
+    }
+  }
+
+  const steps: TraceStep[] = src.plan.map((p) => {
+    const state = src.steps.find((s) => s.stepId === p.id);
+    const status = state?.status ?? 'PENDING';
+    const list = [...(attempts.get(p.id)?.values() ?? [])].sort((x, y) => x.attempt - y.attempt);
+    openAttempt(src, p.id, status, state?.attempt ?? 0, list);
+    for (const a of list) {
+      if (a.end !== null) continue;
+      if (status === 'WAITING_APPROVAL' && a.attempt === state?.attempt) a.outcome = 'waiting';
+      else if (isLive(status) && a.attempt === state?.attempt) a.outcome = 'running';
+      else {
+        a.outcome = 'cancelled';
+        a.end = stoppedAt;
+      }
+    }
+    const waits = stepWaits.get(p.id) ?? [];
+    if (status === 'WAITING_APPROVAL' && p.kind === 'human_gate' && list.length === 0) {
+      waits.push({
+        kind: 'gate',
+        start: gateSince.get(p.id) ?? gateStart(src, finishedAt, p.id),
+        end: null,
+        decision: null,
+        by: null,
+        comment: null,
+        tool: null,
+        callId: null,
+      });
+    }
+    addModelCalls(list, modelEvents.get(p.id), src.reservations, p.id);
+    addTurns(list, kinds.get(p.id) === 'agent', (a, turn) =>
+      turnBegan.get(`${p.id}\n${a.attempt}\n${turn}`),
+    );
+    addToolCalls(list, src.ledger, p.id, executions);
+    return {
+      stepId: p.id,
+      kind: p.kind,
+      status,
+      attempts: list,
+      waits,
+      skipped: skips.get(p.id) ?? null,
+    };
+  });
+
+  return {
+    version: 1,
+    runId: src.runId,
+    planName: src.planName,
+    tenantId: src.tenantId,
+    status: src.status,
+    traceId: src.traceparent?.split('-')[1] ?? null,
+    start: src.createdAt,
+    end: FINISHED.has(src.status) ? lastAt : null,
+    steps,
+  };
+}
+
+const isLive = (status: string): boolean => status === 'RUNNING' || status === 'READY';
+
+/** A started execution not yet committed (no event): its attempt, from the worker's note. */
+function openAttempt(
+  src: RunTraceSources,
+  stepId: string,
+  status: string,
+  attempt: number,
+  list: TraceAttempt[],
+): void {
+  if (!isLive(status) || list.some((a) => a.attempt === attempt)) return;
+  const note = src.started[stepId]?.split(' ');
+  if (note?.[0] !== String(attempt)) return;
+  const at = Number(note[2]);
+  if (Number.isFinite(at)) list.push(newAttempt(attempt, at));
+}
+
+/** When a gate started waiting: when the last of its step's dependencies ended, or the run began. */
+function gateStart(
+  src: RunTraceSources,
+  finishedAt: ReadonlyMap<string, number>,
+  stepId: string,
+): number {
+  const deps = src.plan.find((s) => s.id === stepId)?.dependsOn ?? [];
+  return Math.max(src.createdAt, ...deps.map((d) => finishedAt.get(d) ?? src.createdAt));
+}
+
+/** The step's model calls, placed in the attempt they fall in: recorded events, else reservations. */
+function addModelCalls(
+  list: TraceAttempt[],
+  recorded: TraceModelCall[] | undefined,
+  reservations: readonly Reservation[],
+  stepId: string,
+): void {
+  const calls: TraceModelCall[] =
+    recorded ??
+    reservations
+      .filter((r) => r.stepId === stepId)
+      .sort((x, y) => x.seq - y.seq)
+      .map((r) => ({
+        turn: r.turn,
+        model: null,
+        start: r.createdAt,
+        end: r.reconciledAt,
+        inputTokens: r.charged?.inputTokens ?? null,
+        outputTokens: r.charged?.outputTokens ?? null,
+        costUsd: r.charged === null ? null : r.charged.microUsd / 1_000_000,
+        outcome: r.outcome ?? 'open',
+      }));
+  for (const call of calls) attemptAt(list, call.start)?.modelCalls.push(call);
+}
+
+/**
+ * The turns of an agent attempt. Atomic (no turn is committed on its own): each model call starts
+ * one, which lasts until the next one starts or the attempt ends. Granular: from the commits.
+ */
+function addTurns(
+  list: TraceAttempt[],
+  isAgent: boolean,
+  beganAt: (a: TraceAttempt, turn: number) => number | undefined,
+): void {
+  if (!isAgent) return;
+  for (const a of list) {
+    if (a.turns.length > 0) {
+      // Granular: a turn under way after the last commit.
+      const last = a.turns.at(-1)!;
+      if (a.end === null && a.outcome === 'running') {
+        a.turns.push({
+          turn: last.turn + 1,
+          start: last.end ?? a.start,
+          end: null,
+          outcome: 'open',
+        });
+      }
+      // A turn began when a worker first took it (or first asked the model for it), if later
+      // than the commit before it: after a crash, no worker may have taken it at once.
+      for (const t of a.turns) {
+        const asked = a.modelCalls.filter((m) => m.turn === t.turn).map((m) => m.start);
+        const took = beganAt(a, t.turn);
+        const first = Math.min(...asked, took ?? Number.POSITIVE_INFINITY);
+        if (Number.isFinite(first)) t.start = Math.min(t.end ?? first, Math.max(t.start, first));
+      }
+      continue;
+    }
+    const starts = new Map<number, number>();
+    for (const m of a.modelCalls) {
+      if (!starts.has(m.turn)) starts.set(m.turn, m.start);
+    }
+    const ordered = [...starts.entries()].sort((x, y) => x[0] - y[0]);
+    a.turns = ordered.map(([turn, start], i) => {
+      const end = ordered[i + 1]?.[1] ?? a.end;
+      return { turn, start, end, outcome: end === null ? 'open' : 'done' };
+    });
+  }
+}
+
+/** The step's ledger entries as tool calls of the attempt and turn their time falls in. */
+function addToolCalls(
+  list: TraceAttempt[],
+  ledger: readonly LedgerEntry[],
+  stepId: string,
+  executions: ReadonlyMap<string, TraceToolExecution[]>,
+): void {
+  const entries = ledger.filter((e) => e.stepId === stepId).sort((x, y) => x.seq - y.seq);
+  const first = list[0]?.start ?? Number.POSITIVE_INFINITY;
+  for (const e of entries) {
+    const a = attemptAt(list, e.createdAt);
+    if (a === undefined) continue;
+    const turn = a.turns.find(
+      (t) => t.start <= e.createdAt && (t.end === null || e.createdAt <= t.end),
+    );
+    const settled = e.state === 'SUCCEEDED' || e.state === 'FAILED' || e.state === 'IN_DOUBT';
+    const recorded = executions.get(e.callId) ?? [];
+    a.toolCalls.push({
+      callId: e.callId,
+      tool: e.tool,
+      state: e.state,
+      // Recorded before the step first ran: an action's call another run made, its receipt reused.
+      verdict:
+        e.createdAt < first && e.state === 'SUCCEEDED'
+          ? 'receipt_replayed'
+          : ledgerVerdict(e.state),
+      executions: recorded,
+      runs: e.runs,
+      start: e.createdAt,
+      end: settled ? e.updatedAt : null,
+      // The turn the worker recorded the call in, else the one its ledger time falls in (a receipt
+      // written by the turn's commit is timed at the commit, just past the turn's end).
+      turn: recorded.find((x) => x.turn !== null)?.turn ?? turn?.turn ?? null,
+      error: e.error === null ? null : `${e.error.code}: ${e.error.message}`,
+    });
+  }
+}

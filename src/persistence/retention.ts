@@ -1,0 +1,331 @@
+/**
+ * Retention of finished runs: every key a run wrote gets an expiry when the run finishes, and a
+ * small tombstone outlives them, so that asking for a removed run says so instead of "not found".
+ *
+ * The keys of a run are listed here, from what the run was started with (its steps, its tenant,
+ * its request key) and what it stored (its blobs): other stores that add keys of a run register a
+ * {@link RunKeySource}. The run's own keys share its hash tag and get their expiry in one script,
+ * last, with the tombstone, and only if the snapshot still says the run finished (a run resumed
+ * meanwhile keeps its keys). A run without a tombstone thus is "not done yet", and calling
+ * {@link RetentionStore.expireFinished} again finishes the job (the worker does, whenever it meets
+ * a finished run that is still listed as active: a crash between the final commit and the expiry
+ * is healed by the redelivered job or the next worker start).
+ *
+ * The tenant's reservation records (one HASH for all its runs) cannot expire field by field: a
+ * finished run's record ids are queued with the time its keys expire, and each later expiry in
+ * the tenant removes the records that are due.
+ */
+import type { Redis } from 'ioredis';
+import { InputValidationError } from '../errors.js';
+import type { Keys } from './keys.js';
+import { classifyRedisError } from './redis-errors.js';
+
+/** How long finished runs are kept by default: 7 days. */
+export const DEFAULT_FINISHED_RUNS_MS = 7 * 24 * 60 * 60 * 1000;
+
+/** How much longer than the run its tombstone is kept: 30 days. */
+export const TOMBSTONE_EXTRA_MS = 30 * 24 * 60 * 60 * 1000;
+
+/** Options of retention (`createRuntime({ retention })`). */
+export interface RetentionOptions {
+  /**
+   * How long every key of a run is kept after the run finished (succeeded, failed, cancelled),
+   * in ms. Runs that wait or still work keep everything. @defaultValue 7 days
+   */
+  finishedRunsMs?: number;
+}
+
+/** What a run was started with, as far as its keys go. */
+export interface RunKeyInfo {
+  tenantId: string;
+  /** The ids of the plan's steps (one history list each, at most). */
+  stepIds: readonly string[];
+  /** The request key the run was started with, if any. */
+  requestKey: string | null;
+}
+
+/** The keys of a run that a store adds, by Redis Cluster slot. */
+export interface RunKeys {
+  /** Keys in the run's hash tag. */
+  run: string[];
+  /** Keys in the tenant's hash tag. */
+  tenant: string[];
+  /** Keys of other slots (one command each). */
+  other: string[];
+}
+
+/** Lists keys of a run that a store outside this module writes. */
+export type RunKeySource = (runId: string, info: RunKeyInfo) => Partial<RunKeys>;
+
+/** The tombstone of a removed run. */
+export interface RemovedRun {
+  /** When the run was given its expiry (it had finished), epoch ms. */
+  finishedAt: number;
+  /** How long it was kept after that, in ms. */
+  retentionMs: number;
+}
+
+/** Gives finished runs their expiry and tells removed runs from unknown ones. */
+export interface RetentionStore {
+  /** The retention of finished runs, in ms. */
+  readonly finishedRunsMs: number;
+  /** Every key the run may have, by slot (keys that do not exist are harmless). */
+  runKeys(runId: string, info: RunKeyInfo): Promise<RunKeys>;
+  /**
+   * Gives every key of a finished run its expiry and writes its tombstone, unless that was done
+   * already (one small read then). Returns whether it set them now.
+   */
+  expireFinished(runId: string, info: RunKeyInfo): Promise<boolean>;
+  /** Removes the expiry of every key of a run that goes on again (a resumed run) and its tombstone. */
+  keep(runId: string, info: RunKeyInfo): Promise<void>;
+  /** The tombstone of a run removed by retention, or null. */
+  removed(runId: string): Promise<RemovedRun | null>;
+  /** Adds a source of run keys (another store's). */
+  addKeySource(source: RunKeySource): void;
+}
+
+/** Options of {@link createRetentionStore}. */
+export interface RetentionStoreOptions {
+  redis: Redis;
+  keys: Keys;
+  /** @defaultValue {@link DEFAULT_FINISHED_RUNS_MS} */
+  finishedRunsMs?: number;
+  /** The expiry blobs have while their run goes on (set back on `keep`). @defaultValue 7 days */
+  blobRetentionMs?: number;
+  /** @defaultValue `Date.now` */
+  clock?: () => number;
+}
+
+/**
+ * The retention options, checked: throws {@link InputValidationError} naming the field unless
+ * `finishedRunsMs` is absent or a positive finite number of milliseconds.
+ */
+export function parseRetentionOptions(value: unknown): { finishedRunsMs: number } {
+  if (value === undefined) return { finishedRunsMs: DEFAULT_FINISHED_RUNS_MS };
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+    throw new InputValidationError('runtime options', [
+      {
+        path: 'retention',
+        message: 'must be an object, e.g. retention: { finishedRunsMs: 7 * 24 * 3600 * 1000 }',
+      },
+    ]);
+  }
+  const ms: unknown = (value as { finishedRunsMs?: unknown }).finishedRunsMs;
+  if (ms === undefined) return { finishedRunsMs: DEFAULT_FINISHED_RUNS_MS };
+  if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 1) {
+    throw new InputValidationError('runtime options', [
+      {
+        path: 'retention.finishedRunsMs',
+        message: `must be a number of milliseconds ≥ 1, e.g. 7 * 24 * 3600 * 1000 for 7 days; got ${
+          typeof ms === 'number' ? String(ms) : typeof ms
+        }`,
+      },
+    ]);
+  }
+  return { finishedRunsMs: Math.ceil(ms) };
+}
+
+const BLOB_ACCOUNTING_FIELDS = new Set(['bytes', 'count']);
+
+/** A member of the tenant's queue of expiring reservation records, or null when it is not one. */
+function queuedRun(member: string): { runId: string; ids: string[] } | null {
+  try {
+    const parsed = JSON.parse(member) as { runId?: unknown; ids?: unknown };
+    if (typeof parsed.runId !== 'string' || !Array.isArray(parsed.ids)) return null;
+    return { runId: parsed.runId, ids: parsed.ids.filter((id) => typeof id === 'string') };
+  } catch {
+    return null;
+  }
+}
+
+/*
+ * expire: gives a finished run's keys their expiry and writes its tombstone.
+ *   KEYS[1]  the tombstone   KEYS[2]  the snapshot (HASH)   KEYS[3..]  the run's other keys
+ *   ARGV[1]  the expiry, ms   ARGV[2] the tombstone's expiry, ms   ARGV[3] the tombstone
+ *   Reads    HGET snap run (the run's derived status, `rs`)
+ *   Returns  1 set; 0 the run is not finished (nothing set); -1 no snapshot (nothing set)
+ */
+const EXPIRE = `
+local part = redis.call('HGET', KEYS[2], 'run')
+if not part then return -1 end
+local ok, run = pcall(cjson.decode, part)
+if not ok or type(run) ~= 'table' then return 0 end
+local rs = run['rs']
+if rs ~= 'succeeded' and rs ~= 'failed' and rs ~= 'cancelled' then return 0 end
+for i = 2, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[1]) end
+redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[2])
+return 1
+`;
+const EXPIRE_COMMAND = 'flujoRetention_expire_v1';
+type Expire = (...args: string[]) => Promise<number>;
+
+/** Creates a Redis-backed {@link RetentionStore}. */
+export function createRetentionStore(options: RetentionStoreOptions): RetentionStore {
+  const { redis, keys } = options;
+  const finishedRunsMs = options.finishedRunsMs ?? DEFAULT_FINISHED_RUNS_MS;
+  const blobRetentionMs = options.blobRetentionMs ?? DEFAULT_FINISHED_RUNS_MS;
+  const clock = options.clock ?? Date.now;
+  const sources: RunKeySource[] = [];
+  const commands = redis as unknown as Record<string, Expire | undefined>;
+  if (commands[EXPIRE_COMMAND] === undefined) redis.defineCommand(EXPIRE_COMMAND, { lua: EXPIRE });
+  const expire: Expire = (...args) => (commands[EXPIRE_COMMAND] as Expire).apply(redis, args);
+
+  const fail = (error: unknown): never => {
+    throw classifyRedisError(error, redis);
+  };
+
+  /** The run's blob keys, from its blob accounting. */
+  async function blobKeys(runId: string): Promise<string[]> {
+    const fields = await redis.hkeys(keys.blobs(runId));
+    return fields.filter((f) => !BLOB_ACCOUNTING_FIELDS.has(f)).map((id) => keys.blob(runId, id));
+  }
+
+  /**
+   * Removes the reservation records of runs whose keys have expired (at most 100 runs a call),
+   * then queues this run's records for when its own keys expire.
+   */
+  async function queueReservations(runId: string, tenantId: string): Promise<void> {
+    const queued = keys.expiringReservations(tenantId);
+    const now = clock();
+    const due = await redis.zrangebyscore(queued, '-inf', String(now), 'LIMIT', 0, 100);
+    const ids = await redis.lrange(keys.runReservations(tenantId, runId), 0, -1);
+    const tx = redis.multi();
+    for (const member of due) {
+      const recordIds = queuedRun(member)?.ids ?? [];
+      if (recordIds.length > 0) tx.hdel(keys.reservations(tenantId), ...recordIds);
+      tx.zrem(queued, member);
+    }
+    if (ids.length > 0)
+      tx.zadd(queued, String(now + finishedRunsMs), JSON.stringify({ runId, ids }));
+    await tx.exec();
+  }
+
+  async function runKeys(runId: string, info: RunKeyInfo): Promise<RunKeys> {
+    const run = [
+      keys.events(runId),
+      keys.outputs(runId),
+      keys.ledger(runId),
+      keys.ledger(runId, info.tenantId),
+      keys.journal(runId),
+      ...info.stepIds.map((stepId) => keys.history(runId, stepId)),
+      keys.blobs(runId),
+      ...(await blobKeys(runId)),
+      keys.meta(runId),
+      keys.counters(runId),
+      keys.fingerprints(runId),
+      keys.started(runId),
+      keys.progress(runId),
+      keys.replays(runId),
+    ];
+    const tenant = [
+      keys.runUsage(info.tenantId, runId),
+      keys.runReservations(info.tenantId, runId),
+      keys.openReservations(info.tenantId, runId),
+    ];
+    const other = info.requestKey === null ? [] : [keys.requestKey(info.tenantId, info.requestKey)];
+    for (const source of sources) {
+      const more = source(runId, info);
+      run.push(...(more.run ?? []));
+      tenant.push(...(more.tenant ?? []));
+      other.push(...(more.other ?? []));
+    }
+    run.push(keys.snap(runId));
+    return { run, tenant, other };
+  }
+
+  return {
+    finishedRunsMs,
+    runKeys,
+
+    async expireFinished(runId, info) {
+      try {
+        if ((await redis.exists(keys.removed(runId))) === 1) return false;
+        const { run, tenant, other } = await runKeys(runId, info);
+        const ms = String(finishedRunsMs);
+        // Keys of other slots first: the run's own, with the tombstone, come last.
+        const outside = [...tenant, ...other];
+        const pipeline = redis.pipeline();
+        for (const key of outside) pipeline.pexpire(key, ms);
+        await pipeline.exec();
+        const tombstone: RemovedRun = { finishedAt: clock(), retentionMs: finishedRunsMs };
+        const snap = keys.snap(runId);
+        const set = await expire(
+          String(2 + run.length - 1),
+          keys.removed(runId),
+          snap,
+          ...run.filter((k) => k !== snap),
+          ms,
+          String(finishedRunsMs + TOMBSTONE_EXTRA_MS),
+          JSON.stringify(tombstone),
+        );
+        if (set === 1) {
+          await queueReservations(runId, info.tenantId);
+          return true;
+        }
+        // Resumed meanwhile (or gone): the keys of other slots keep no expiry either.
+        if (set === 0) {
+          const undo = redis.pipeline();
+          for (const key of outside) undo.persist(key);
+          await undo.exec();
+        }
+        return false;
+      } catch (error) {
+        return fail(error);
+      }
+    },
+
+    async keep(runId, info) {
+      try {
+        const queued = keys.expiringReservations(info.tenantId);
+        const members = await redis.zrange(queued, '0', '-1');
+        const mine = members.filter((m) => queuedRun(m)?.runId === runId);
+        if (mine.length > 0) await redis.zrem(queued, ...mine);
+        const { run, tenant, other } = await runKeys(runId, info);
+        const blobs = new Set(await blobKeys(runId));
+        blobs.add(keys.blobs(runId));
+        const outside = redis.pipeline();
+        for (const key of [...tenant, ...other]) outside.persist(key);
+        await outside.exec();
+        const tx = redis.multi();
+        for (const key of run) {
+          // Blobs keep the expiry they have while their run goes on.
+          if (blobs.has(key)) tx.pexpire(key, String(blobRetentionMs));
+          else tx.persist(key);
+        }
+        tx.del(keys.removed(runId));
+        await tx.exec();
+      } catch (error) {
+        return fail(error);
+      }
+    },
+
+    async removed(runId) {
+      let raw: string | null;
+      try {
+        raw = await redis.get(keys.removed(runId));
+      } catch (error) {
+        return fail(error);
+      }
+      if (raw === null) return null;
+      // The tombstone is there while the run still is (until its keys expire): not removed yet.
+      try {
+        if ((await redis.exists(keys.snap(runId))) === 1) return null;
+      } catch (error) {
+        return fail(error);
+      }
+      try {
+        const parsed = JSON.parse(raw) as Partial<RemovedRun>;
+        return {
+          finishedAt: Number(parsed.finishedAt ?? 0),
+          retentionMs: Number(parsed.retentionMs ?? 0),
+        };
+      } catch {
+        return { finishedAt: 0, retentionMs: 0 };
+      }
+    },
+
+    addKeySource(source) {
+      sources.push(source);
+    },
+  };
+}

@@ -1,0 +1,127 @@
+/**
+ * The run list: every run of a prefix in a sorted set by start time, with what the list shows of
+ * it (plan, tenant, start; once it ended, its final status and end) in a hash beside it. Both keys
+ * share one hash tag, so under Redis Cluster they live in one slot.
+ *
+ * The index is written beside the run, not inside its commits (a run's keys live in the run's own
+ * slot): an entry is added before the run is created, and its end is noted after the commit that
+ * ended it. What can go wrong is healed when the list is read: an entry whose run does not exist
+ * (a crash before the create, or a run whose keys expired) is removed; a run that ended without its
+ * end noted is read from its snapshot and noted then.
+ */
+import type { Redis } from 'ioredis';
+import type { Keys } from './keys.js';
+
+/** What the index holds of one run. */
+export interface RunIndexEntry {
+  runId: string;
+  planName: string;
+  tenantId: string;
+  createdAt: number;
+  /** Once the run ended: its final status and when. */
+  end: { status: string; at: number } | null;
+}
+
+/** Reads and writes the run list of one prefix. */
+export interface RunIndex {
+  /** Adds a run (before it is created). */
+  add(entry: Omit<RunIndexEntry, 'end'>): Promise<void>;
+  /** Whether the index has an entry for the run. */
+  has(runId: string): Promise<boolean>;
+  /** Notes that a run ended with `status` at `at`. */
+  ended(runId: string, status: string, at: number): Promise<void>;
+  /** Forgets a run's end (it was resumed). */
+  reopened(runId: string): Promise<void>;
+  /** Entries newest first with `createdAt` in `[since, until]`, from position `offset`. */
+  page(since: number, until: number, offset: number, count: number): Promise<RunIndexEntry[]>;
+  /** Removes runs from the index. */
+  remove(runIds: readonly string[]): Promise<void>;
+  /**
+   * Removes up to `batch` entries of runs that ended before `before` (oldest first); returns how
+   * many were removed.
+   */
+  trim(before: number, batch?: number): Promise<number>;
+}
+
+const endField = (runId: string) => `${runId}\nend`;
+
+/** Creates the {@link RunIndex} of `keys`' prefix on `redis`. */
+export function createRunIndex(redis: Redis, keys: Keys): RunIndex {
+  const index = keys.runIndex();
+  const info = keys.runInfo();
+
+  const parseEnd = (raw: string | null | undefined): RunIndexEntry['end'] => {
+    if (raw === null || raw === undefined) return null;
+    const [status = '', at = '0'] = raw.split(' ');
+    return { status, at: Number(at) };
+  };
+
+  return {
+    async add({ runId, planName, tenantId, createdAt }) {
+      await redis
+        .multi()
+        .zadd(index, createdAt, runId)
+        .hset(info, runId, JSON.stringify({ p: planName, t: tenantId, c: createdAt }))
+        .hdel(info, endField(runId))
+        .exec();
+    },
+    async has(runId) {
+      return (await redis.zscore(index, runId)) !== null;
+    },
+    async ended(runId, status, at) {
+      await redis.hset(info, endField(runId), `${status} ${at}`);
+    },
+    async reopened(runId) {
+      await redis.hdel(info, endField(runId));
+    },
+    async page(since, until, offset, count) {
+      const ids = await redis.zrevrangebyscore(
+        index,
+        Number.isFinite(until) ? until : '+inf',
+        Number.isFinite(since) ? since : '-inf',
+        'LIMIT',
+        offset,
+        count,
+      );
+      if (ids.length === 0) return [];
+      const fields = ids.flatMap((id) => [id, endField(id)]);
+      const values = await redis.hmget(info, ...fields);
+      return ids.map((runId, i) => {
+        const raw = values[2 * i];
+        let known: { p?: string; t?: string; c?: number } = {};
+        try {
+          known = raw == null ? {} : (JSON.parse(raw) as typeof known);
+        } catch {
+          // An unreadable entry shows what the run's own keys say (see the list).
+        }
+        return {
+          runId,
+          planName: known.p ?? '',
+          tenantId: known.t ?? '',
+          createdAt: known.c ?? 0,
+          end: parseEnd(values[2 * i + 1]),
+        };
+      });
+    },
+    async remove(runIds) {
+      if (runIds.length === 0) return;
+      await redis
+        .multi()
+        .zrem(index, ...runIds)
+        .hdel(info, ...runIds.flatMap((id) => [id, endField(id)]))
+        .exec();
+    },
+    async trim(before, batch = 500) {
+      // A run ends after it starts: only entries that started before the cut can have ended before it.
+      const ids = await redis.zrangebyscore(index, '-inf', before, 'LIMIT', 0, batch);
+      if (ids.length === 0) return 0;
+      const ends = await redis.hmget(info, ...ids.map(endField));
+      const old = ids.filter((_, i) => {
+        const end = parseEnd(ends[i]);
+        return end !== null && end.at < before;
+      });
+      await this.remove(old);
+      return old.length;
+    },
+  };
+}

@@ -1,0 +1,45 @@
+/**
+ * Small reads and writes of a run's own keys that need no snapshot store: whether the run exists,
+ * its newest event, and fields of its meta hash that are not part of the run (the CLI's notes).
+ */
+import type { Redis } from 'ioredis';
+import { RunKeyKind, type Keys } from './keys.js';
+
+/** Whether the run's snapshot exists. */
+export async function runExists(redis: Redis, keys: Keys, runId: string): Promise<boolean> {
+  return (await redis.exists(keys.snap(runId))) !== 0;
+}
+
+/**
+ * The id of the run's newest event, or undefined when its stream is empty. Read on the connection
+ * given, so a read sent after it on the same connection sees nothing older.
+ */
+export async function lastEventId(
+  redis: Redis,
+  keys: Keys,
+  runId: string,
+): Promise<string | undefined> {
+  const last = await redis.xrevrange(keys.events(runId), '+', '-', 'COUNT', 1);
+  return last[0]?.[0];
+}
+
+/** Writes `field` of the run's meta hash (a note beside what the run was started with). */
+export async function writeMetaField(
+  redis: Redis,
+  keys: Keys,
+  runId: string,
+  field: string,
+  value: string,
+): Promise<void> {
+  await redis.hset(keys.runKey(runId, RunKeyKind.Meta), field, value);
+}
+
+/** `field` of the run's meta hash, or null. */
+export function readMetaField(
+  redis: Redis,
+  keys: Keys,
+  runId: string,
+  field: string,
+): Promise<string | null> {
+  return redis.hget(keys.runKey(runId, RunKeyKind.Meta), field);
+}

@@ -1,0 +1,454 @@
+/**
+ * The web view's pages, rendered on the server as plain HTML: inline CSS and a little inline
+ * script, nothing fetched from elsewhere. Every text that comes from a run is escaped.
+ */
+import { createHash } from 'node:crypto';
+import { RunStatus } from '../machines/types.js';
+import type { RunTrace, TraceAttempt, TraceStep } from '../observability/run-trace.js';
+import { TIMELINE_CSS, TIMELINE_SCRIPT } from '../observability/trace-html.js';
+import type { LedgerEntry } from '../persistence/ledger.js';
+import type { PendingApproval, RunReport, RunUsage } from '../runtime.js';
+import type { RunListEntry } from '../worker/run-list.js';
+
+/** Text safe inside an element or a quoted attribute. */
+export function escapeHtml(text: string): string {
+  return text
+    .replace(/&/g, '&amp;')
+    .replace(/</g, '&lt;')
+    .replace(/>/g, '&gt;')
+    .replace(/"/g, '&quot;')
+    .replace(/'/g, '&#39;');
+}
+
+const h = escapeHtml;
+
+/** JSON safe inside a `<script>` element: no `<` can close it. */
+function scriptJson(value: unknown): string {
+  return JSON.stringify(value)
+    .replace(/</g, '\\u003c')
+    .replace(/\u2028/g, '\\u2028')
+    .replace(/\u2029/g, '\\u2029');
+}
+
+/** A path of the web view from raw segments, each percent-encoded. */
+export function urlPath(...segments: string[]): string {
+  return `/${segments.map(encodeURIComponent).join('/')}`;
+}
+
+const runHref = (runId: string): string => urlPath('runs', runId);
+
+function time(ms: number | null): string {
+  if (ms === null || !Number.isFinite(ms)) return '-';
+  return new Date(ms).toISOString().replace('T', ' ').slice(0, 19);
+}
+
+function duration(ms: number | null): string {
+  if (ms === null || !Number.isFinite(ms) || ms < 0) return '-';
+  if (ms < 1000) return `${Math.round(ms)} ms`;
+  if (ms < 60_000) return `${(ms / 1000).toFixed(1)} s`;
+  const s = Math.round(ms / 1000);
+  if (s < 3600) return `${Math.floor(s / 60)} min ${String(s % 60).padStart(2, '0')} s`;
+  return `${Math.floor(s / 3600)} h ${String(Math.floor((s % 3600) / 60)).padStart(2, '0')} min`;
+}
+
+/** A value as short JSON text. */
+function preview(value: unknown, max = 160): string {
+  let text: string;
+  try {
+    text = typeof value === 'string' ? value : (JSON.stringify(value) ?? String(value));
+  } catch {
+    text = String(value);
+  }
+  return text.length > max ? `${text.slice(0, max - 1)}…` : text;
+}
+
+const usd = (microUsd: number): string => `$${(microUsd / 1_000_000).toFixed(6)}`;
+
+const badge = (status: string): string =>
+  `<span class="badge" data-status="${h(status)}">${h(status)}</span>`;
+
+const CSS = `
+body { max-width: 1320px; margin: 0 auto; }
+a { color: #2456b3; }
+header.top { display: flex; gap: 14px; align-items: baseline; padding-bottom: 8px;
+  margin-bottom: 14px; border-bottom: 1px solid var(--grid); }
+header.top .brand { font-weight: 700; font-size: 15px; color: var(--fg); text-decoration: none; }
+header.top .muted { color: var(--muted); }
+h1 { display: flex; gap: 10px; align-items: center; flex-wrap: wrap; }
+h2 { font-size: 14px; margin: 22px 0 8px; }
+table.grid { border-collapse: collapse; width: 100%; }
+table.grid th, table.grid td { text-align: left; padding: 5px 8px; vertical-align: top;
+  border-bottom: 1px solid var(--grid); }
+table.grid th { font-size: 12px; font-weight: 600; color: var(--muted); }
+table.grid tbody tr:hover { background: #f7f8fa; }
+.mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12px;
+  overflow-wrap: anywhere; }
+.small { font-size: 12px; color: var(--muted); }
+.badge { display: inline-block; padding: 1px 8px; border-radius: 9px; font-size: 11px;
+  font-weight: 600; color: #fff; background: var(--c, var(--muted)); white-space: nowrap; }
+.badge[data-status=succeeded], .badge[data-status=SUCCEEDED] { --c: var(--ok); }
+.badge[data-status=failed], .badge[data-status=FAILED_FINAL] { --c: var(--fail); }
+.badge[data-status=FAILED_RETRYABLE] { --c: #e07b26; }
+.badge[data-status=running], .badge[data-status=RUNNING], .badge[data-status=READY] { --c: var(--run); }
+.badge[data-status=waiting], .badge[data-status=WAITING_APPROVAL] { --c: var(--wait); }
+.badge[data-status=SKIPPED] { --c: var(--skip); }
+.badge[data-status=cancelled], .badge[data-status=CANCELLED] { --c: var(--cancel); }
+.badge[data-status=PENDING] { --c: #b0b5bd; }
+form.filters { display: flex; gap: 10px; align-items: end; flex-wrap: wrap; margin: 0 0 12px; }
+label { display: inline-flex; flex-direction: column; gap: 2px; font-size: 12px; color: var(--muted); }
+input, select, button { font: inherit; padding: 4px 7px; }
+input, select { border: 1px solid #c4c8cf; border-radius: 4px; }
+button { cursor: pointer; border: 1px solid #9aa0a6; border-radius: 4px; background: #f4f5f7; }
+button.approve { background: var(--ok); border-color: var(--ok); color: #fff; }
+button.reject { background: var(--fail); border-color: var(--fail); color: #fff; }
+.notice { padding: 8px 12px; border-radius: 5px; margin: 10px 0; }
+.notice.error { background: #fdecea; border: 1px solid #f1b0ab; color: #8a1f17; }
+.notice.ok { background: #e8f5ec; border: 1px solid #a8d8b6; color: #1d5e33; }
+.approval { border: 1px solid #e7c66a; background: #fff9e8; border-radius: 6px;
+  padding: 10px 12px; margin-bottom: 8px; }
+.approval form { display: flex; gap: 8px; align-items: end; flex-wrap: wrap; margin-top: 8px; }
+.kv { display: flex; flex-wrap: wrap; gap: 4px 18px; color: var(--muted); margin: 4px 0; }
+.kv b { color: var(--fg); font-weight: 600; }
+.live { font-size: 11px; font-weight: 500; padding: 1px 8px; border-radius: 9px;
+  background: #e5e7eb; color: var(--muted); }
+.live.on { background: #dbeafe; color: #1e40af; }
+.timeline { margin-top: 4px; }
+`;
+
+/** A whole page around `body`. */
+function page(title: string, body: string, tail = ''): string {
+  return `<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>${h(title)} · flujo</title>
+<style>${TIMELINE_CSS}${CSS}</style>
+</head>
+<body>
+<header class="top"><a class="brand" href="/">flujo</a><a href="/">runs</a><span class="muted">times in UTC</span></header>
+${body}
+${tail}
+</body>
+</html>
+`;
+}
+
+/** A message on its own page: an unknown run, a path that does not exist, an error. */
+export function renderMessagePage(title: string, message: string): string {
+  return page(
+    title,
+    `<h1>${h(title)}</h1>\n<p class="notice error" role="alert">${h(message)}</p>\n<p><a href="/">← all runs</a></p>`,
+  );
+}
+
+/** The filters of the run list, as the form holds them (empty: any). */
+export interface ListFilterForm {
+  status: string;
+  plan: string;
+  tenant: string;
+}
+
+/** The run list: a GET form with the filters, one row per run, newest first. */
+export function renderListPage(
+  runs: readonly RunListEntry[],
+  filter: ListFilterForm,
+  error?: string,
+): string {
+  const options = ['', ...Object.values(RunStatus)]
+    .map(
+      (s) =>
+        `<option value="${h(s)}"${s === filter.status ? ' selected' : ''}>${s === '' ? 'any' : h(s)}</option>`,
+    )
+    .join('');
+  const form = `<form class="filters" method="get" action="/">
+<label>status <select name="status">${options}</select></label>
+<label>plan <input name="plan" value="${h(filter.plan)}" placeholder="any"></label>
+<label>tenant <input name="tenant" value="${h(filter.tenant)}" placeholder="any"></label>
+<button type="submit">Filter</button> <a href="/">clear</a>
+</form>`;
+  const rows = runs.map((r) => {
+    const step =
+      r.waitingStep !== null
+        ? `${h(r.waitingStep)} <span class="small">(waits for approval)</span>`
+        : h(r.currentStep ?? '');
+    return `<tr data-run="${h(r.runId)}"><td class="mono"><a href="${h(runHref(r.runId))}">${h(r.runId)}</a></td><td>${h(r.planName)}</td><td>${h(r.tenantId)}</td><td class="status">${badge(r.status)}</td><td>${time(r.createdAt)}</td><td>${duration(r.durationMs)}</td><td>${step}</td></tr>`;
+  });
+  const table =
+    runs.length === 0
+      ? '<p class="empty">No runs match.</p>'
+      : `<p class="small" id="count">${runs.length} run${runs.length === 1 ? '' : 's'}, newest first</p>
+<table class="grid runs"><thead><tr><th>Run</th><th>Plan</th><th>Tenant</th><th>Status</th><th>Started</th><th>Duration</th><th>Step</th></tr></thead>
+<tbody>${rows.join('\n')}</tbody></table>`;
+  const notice = error === undefined ? '' : `<p class="notice error" role="alert">${h(error)}</p>`;
+  return page('Runs', `<h1>Runs</h1>\n${form}\n${notice}\n${table}`);
+}
+
+/** What the run page shows. */
+export interface RunView {
+  report: RunReport;
+  trace: RunTrace;
+  ledger: readonly LedgerEntry[];
+  usage: RunUsage;
+}
+
+/** The parts of the run page that change as the run goes on. */
+export const PART_NAMES = ['head', 'approvals', 'steps', 'ledger', 'usage'] as const;
+/** One of {@link PART_NAMES}. */
+export type PartName = (typeof PART_NAMES)[number];
+
+/** A part's HTML and a short hash of it: the page replaces a part only when its hash changed. */
+export interface Part {
+  hash: string;
+  html: string;
+}
+
+function headHtml({ report }: RunView): string {
+  const s = report.summary;
+  const facts = [
+    `<span>plan <b>${h(report.planName)}</b></span>`,
+    `<span>tenant <b>${h(report.tenantId)}</b></span>`,
+    `<span id="run-status">status ${badge(report.status)}</span>`,
+    `<span>started <b>${time(report.createdAt)}</b></span>`,
+    `<span>updated <b>${time(report.updatedAt)}</b></span>`,
+    `<span>commits <b>${report.version}</b></span>`,
+  ];
+  const lines: string[] = [];
+  if (s.blockedStep !== null) lines.push(`blocked at step <b>${h(s.blockedStep)}</b>`);
+  if (s.reason !== null) lines.push(`reason <b>${h(s.reason)}</b>`);
+  if (report.idle !== null) {
+    lines.push(
+      `no worker has taken step <b>${h(report.idle.stepId)}</b> for ${duration(report.idle.idleMs)}: start one with <span class="mono">flujo worker &lt;job-module&gt;</span>`,
+    );
+  }
+  const more = lines.length === 0 ? '' : `<div class="kv">${lines.join(' · ')}</div>`;
+  return `<div class="kv">${facts.join('')}</div>${more}`;
+}
+
+function approvalHtml(runId: string, a: PendingApproval): string {
+  const action = (decision: string) => urlPath('runs', runId, 'steps', a.stepId, decision);
+  const what =
+    a.call === null
+      ? 'its gate'
+      : `tool call <span class="mono">${h(a.call.tool)}</span> with <span class="mono">${h(preview(a.call.args, 400))}</span>`;
+  const reason = a.reason === null ? '' : `: ${h(a.reason)}`;
+  const call =
+    a.call === null ? '' : `<input type="hidden" name="callId" value="${h(a.call.callId)}">`;
+  return `<div class="approval" data-approval="${h(a.stepId)}">
+<div><b>${h(a.stepId)}</b> waits for approval of ${what}${reason}</div>
+<div class="kv"><span>risk <b>${h(a.riskLevel)}</b></span><span>may decide <b>${a.approvers === null ? 'anyone' : h(a.approvers.join(', '))}</b></span></div>
+<form method="post" action="${h(action('approve'))}">${call}
+<label>by <input name="by" required placeholder="your name"></label>
+<label>comment <input name="comment" size="40"></label>
+<button type="submit" class="approve">Approve</button>
+<button type="submit" class="reject" formaction="${h(action('reject'))}">Reject</button>
+</form>
+</div>`;
+}
+
+function approvalsHtml({ report }: RunView): string {
+  if (report.approvals.length === 0) return '<p class="empty">Nothing waits for a person.</p>';
+  return report.approvals.map((a) => approvalHtml(report.runId, a)).join('\n');
+}
+
+function attemptHtml(a: TraceAttempt): string {
+  const took = a.end === null ? 'running' : duration(a.end - a.start);
+  const error =
+    a.error === null
+      ? ''
+      : `<div class="small">${h(a.error.code)}: ${h(preview(a.error.message, 200))}${a.error.retryable ? ' (retryable)' : ''}</div>`;
+  return `<div data-attempt="${a.attempt}">#${a.attempt} ${h(a.outcome)} <span class="small">${took}</span>${error}</div>`;
+}
+
+function stepsHtml({ report, trace }: RunView): string {
+  const traced = new Map<string, TraceStep>(trace.steps.map((s) => [s.stepId, s]));
+  const rows = report.steps.map((s) => {
+    const t = traced.get(s.stepId);
+    const attempts =
+      t === undefined || t.attempts.length === 0 ? '-' : t.attempts.map(attemptHtml).join('');
+    const detail: string[] = [];
+    if (s.status === 'SUCCEEDED' && s.output !== null) {
+      detail.push(`output <span class="mono">${h(preview(s.output))}</span>`);
+    }
+    if (s.error !== null && s.status !== 'SUCCEEDED') {
+      detail.push(
+        `error <span class="mono">${h(s.error.code)}: ${h(preview(s.error.message))}</span>`,
+      );
+    }
+    if (s.reason !== null) detail.push(`reason ${h(s.reason)}`);
+    if (s.approval !== null) detail.push(`approved by ${h(s.approval.by)}`);
+    if (s.rejection !== null) detail.push(`rejected by ${h(s.rejection.by)}`);
+    if (s.retryAt !== null) detail.push(`retry at ${time(s.retryAt)}`);
+    if (s.cachedFrom !== null) detail.push(`from the cache of run ${h(s.cachedFrom.runId)}`);
+    const progress = report.progress[s.stepId];
+    if (progress !== undefined && s.status === 'RUNNING') {
+      detail.push(`progress <span class="mono">${h(preview(progress.info))}</span>`);
+    }
+    return `<tr data-step-row="${h(s.stepId)}"><td><b>${h(s.stepId)}</b></td><td>${h(t?.kind ?? '')}</td><td class="status">${badge(s.status)}</td><td>${attempts}</td><td>${detail.join('<br>')}</td></tr>`;
+  });
+  return `<table class="grid steps"><thead><tr><th>Step</th><th>Kind</th><th>Status</th><th>Attempts</th><th>Detail</th></tr></thead>
+<tbody>${rows.join('\n')}</tbody></table>`;
+}
+
+function ledgerHtml({ ledger }: RunView): string {
+  if (ledger.length === 0) return '<p class="empty">No tool calls recorded.</p>';
+  const rows = ledger.map((e) => {
+    const result =
+      e.error !== null
+        ? `${h(e.error.code)}: ${h(preview(e.error.message))}`
+        : e.receipt !== null
+          ? h(preview(e.receipt))
+          : '';
+    return `<tr data-call="${h(e.callId)}"><td class="mono">${h(e.callId.slice(0, 12))}</td><td>${h(e.stepId)}</td><td class="mono">${h(e.tool)}</td><td class="status">${badge(e.state)}</td><td>${e.runs}</td><td class="mono">${h(preview(e.args))}</td><td class="mono">${result}</td><td>${time(e.updatedAt)}</td></tr>`;
+  });
+  return `<table class="grid ledger"><thead><tr><th>Call</th><th>Step</th><th>Tool</th><th>State</th><th>Runs</th><th>Arguments</th><th>Receipt or error</th><th>Updated</th></tr></thead>
+<tbody>${rows.join('\n')}</tbody></table>`;
+}
+
+function usageHtml({ usage }: RunView): string {
+  const t = usage.totals;
+  const limit = (n: number | null, unit: (v: number) => string) => (n === null ? 'none' : unit(n));
+  const totals = `<div class="kv totals"><span>spent <b>${t.spentTokens} tokens</b></span><span>cost <b id="cost">${usd(t.spentMicroUsd)}</b></span><span>reserved now <b>${t.reservedTokens} tokens ${usd(t.reservedMicroUsd)}</b></span><span>budgets <b>${limit(t.maxTokens, (v) => `${v} tokens`)}, ${limit(t.maxMicroUsd, usd)}</b></span></div>`;
+  if (usage.reservations.length === 0) {
+    return `${totals}<p class="empty">No model calls recorded.</p>`;
+  }
+  const rows = usage.reservations.map((r) => {
+    const spent =
+      r.charged === null ? '-' : `${r.charged.inputTokens} in + ${r.charged.outputTokens} out`;
+    return `<tr><td>${h(r.stepId)}</td><td>${r.turn}</td><td>${r.reservedTokens} tokens ${usd(r.reservedMicroUsd)}</td><td>${spent}</td><td>${r.charged === null ? '-' : usd(r.charged.microUsd)}</td><td>${h(r.outcome ?? `open (${r.state})`)}</td></tr>`;
+  });
+  return `${totals}<table class="grid usage"><thead><tr><th>Step</th><th>Turn</th><th>Reserved</th><th>Spent</th><th>Cost</th><th>Reconciled</th></tr></thead>
+<tbody>${rows.join('\n')}</tbody></table>`;
+}
+
+const RENDER: Record<PartName, (view: RunView) => string> = {
+  head: headHtml,
+  approvals: approvalsHtml,
+  steps: stepsHtml,
+  ledger: ledgerHtml,
+  usage: usageHtml,
+};
+
+/** The changing parts of a run's page, each with its hash. */
+export function runParts(view: RunView): Record<PartName, Part> {
+  const parts = {} as Record<PartName, Part>;
+  for (const name of PART_NAMES) {
+    const html = RENDER[name](view);
+    parts[name] = { hash: createHash('sha1').update(html).digest('hex').slice(0, 16), html };
+  }
+  return parts;
+}
+
+/** A line over the run page: what a decision did, or why it was refused. */
+export interface Notice {
+  kind: 'ok' | 'error';
+  text: string;
+}
+
+// The run page's script: draws the timeline with the trace page's own drawing code, follows the
+// run's events (server-sent) and, after each burst of events, reloads the page's data and
+// replaces the parts whose hash changed (keeping what a person typed into a form).
+const PAGE_SCRIPT = `
+(function () {
+  var cfg = JSON.parse(document.getElementById('page').textContent);
+  var axis = document.getElementById('axis');
+  var lanes = document.getElementById('lanes');
+  var traceEl = document.getElementById('trace');
+  var drawn = false;
+  function drawTimeline() {
+    axis.textContent = '';
+    lanes.textContent = '';
+    // The drawing code adds its tooltip listeners each time it runs: the first ones serve.
+    if (drawn) document.addEventListener = function () {};
+    try {${TIMELINE_SCRIPT}} finally { delete document.addEventListener; drawn = true; }
+  }
+  drawTimeline();
+  var live = document.getElementById('live');
+  var loading = false, again = false, timer = null;
+  function replace(el, part) {
+    var kept = {};
+    el.querySelectorAll('input').forEach(function (i) {
+      if (i.type !== 'hidden') kept[(i.form ? i.form.getAttribute('action') : '') + ' ' + i.name] = i.value;
+    });
+    el.innerHTML = part.html;
+    el.setAttribute('data-hash', part.hash);
+    el.querySelectorAll('input').forEach(function (i) {
+      var k = (i.form ? i.form.getAttribute('action') : '') + ' ' + i.name;
+      if (i.type !== 'hidden' && kept[k] !== undefined) i.value = kept[k];
+    });
+  }
+  function refresh() {
+    if (loading) { again = true; return; }
+    loading = true;
+    fetch(cfg.data, { headers: { accept: 'application/json' }, cache: 'no-store' })
+      .then(function (r) { if (!r.ok) throw new Error('HTTP ' + r.status); return r.json(); })
+      .then(function (d) {
+        Object.keys(d.parts).forEach(function (name) {
+          var el = document.getElementById('part-' + name);
+          if (el && el.getAttribute('data-hash') !== d.parts[name].hash) replace(el, d.parts[name]);
+        });
+        var text = JSON.stringify(d.trace);
+        if (text !== traceEl.textContent) { traceEl.textContent = text; drawTimeline(); }
+        document.title = d.title;
+      })
+      .catch(function (e) { live.textContent = 'could not reload: ' + e.message; })
+      .then(function () {
+        loading = false;
+        if (again) { again = false; refresh(); }
+      });
+  }
+  function schedule() {
+    if (timer !== null) return;
+    timer = setTimeout(function () { timer = null; refresh(); }, 80);
+  }
+  var source = new EventSource(cfg.events);
+  source.onopen = function () { live.textContent = 'live'; live.className = 'live on'; };
+  source.onerror = function () { live.textContent = 'reconnecting…'; live.className = 'live'; };
+  source.addEventListener('run', function (ev) {
+    live.textContent = 'live · ' + JSON.parse(ev.data).type;
+    live.className = 'live on';
+    schedule();
+  });
+  source.addEventListener('gone', function (ev) {
+    source.close();
+    live.textContent = JSON.parse(ev.data).message;
+    live.className = 'live';
+  });
+})();
+`;
+
+/** The title of a run's page (it follows the run's status). */
+export const runTitle = (report: RunReport): string => `Run ${report.runId} (${report.status})`;
+
+/** A run's page: its state, approvals, steps, timeline, tool calls and usage, updated live. */
+export function renderRunPage(view: RunView, notice?: Notice): string {
+  const { report } = view;
+  const parts = runParts(view);
+  const part = (name: PartName) =>
+    `<div id="part-${name}" data-hash="${parts[name].hash}">${parts[name].html}</div>`;
+  const base = runHref(report.runId);
+  const shown =
+    notice === undefined
+      ? ''
+      : `<p class="notice ${notice.kind}" id="notice" role="${notice.kind === 'error' ? 'alert' : 'status'}">${h(notice.text)}</p>`;
+  const body = `<p><a href="/">← all runs</a></p>
+<h1>Run <span class="mono">${h(report.runId)}</span> <span id="live" class="live">connecting…</span></h1>
+${shown}
+${part('head')}
+<h2>Waiting for approval</h2>
+${part('approvals')}
+<h2>Steps</h2>
+${part('steps')}
+<h2>Timeline</h2>
+<div class="timeline"><div class="axis" id="axis"></div><div id="lanes"></div></div>
+<p class="small">took <b id="duration"></b> · hover a bar for its details · <a href="${h(`${base}/trace`)}">the trace page</a></p>
+<h2>Tool calls</h2>
+${part('ledger')}
+<h2>Usage and cost</h2>
+${part('usage')}
+<div id="tip"></div>`;
+  const tail = `<script type="application/json" id="trace">${scriptJson(view.trace)}</script>
+<script type="application/json" id="page">${scriptJson({ data: `${base}/data`, events: `${base}/events` })}</script>
+<script>${PAGE_SCRIPT}</script>`;
+  return page(runTitle(report), body, tail);
+}

@@ -1,0 +1,164 @@
+import { randomUUID } from 'node:crypto';
+import { keyInputIssues } from '../actors/action-keys.js';
+import { InputValidationError, RunAlreadyExistsError } from '../errors.js';
+import { assertPlainJson } from '../internal/json.js';
+import { runStatus } from '../machines/kernel.js';
+import type { RunStatus } from '../machines/types.js';
+import { startRunTrace } from '../observability/tracing.js';
+import { parsePlan } from '../plan/parse-plan.js';
+import type { Plan, PlanInput } from '../plan/schema.js';
+import { assertRunId, assertTenantId } from '../persistence/keys.js';
+import { runExists } from '../persistence/run-lookups.js';
+import type { RuntimeCore } from '../actors/core.js';
+
+/** Options of `runtime.start`. */
+export interface StartOptions {
+  /** The run id. @defaultValue a random UUID */
+  runId?: string;
+  /** Same key, same run: a second start with it returns the first run. */
+  requestKey?: string;
+  /** @defaultValue the runtime's tenant */
+  tenantId?: string;
+  /** With a request key whose run failed: resume that run. @defaultValue false */
+  resumeFailed?: boolean;
+  /**
+   * Steps of cache class `stable_nondeterministic` may use a stored output (as if each said
+   * `allowCacheHit: true`). @defaultValue false
+   */
+  allowCacheHit?: boolean;
+  /**
+   * Cached steps run even when an entry would give their output, and store the new one; a
+   * deterministic step's new output is checked against the stored one. @defaultValue false
+   */
+  refreshCache?: boolean;
+}
+
+/** What a start came to: the run, and whether this start created it. */
+export interface LaunchedRun {
+  runId: string;
+  /** False when a request key (or a race on one) led to a run that already existed. */
+  created: boolean;
+  /** For a run a request key led to: its status when it was found. */
+  found?: RunStatus;
+}
+
+/** Refuses a plan whose fallbacks name an operator or agent not registered here. */
+function checkFallbacks(core: RuntimeCore, plan: Plan): void {
+  const issues: { path: string; message: string }[] = [];
+  plan.steps.forEach((step, i) => {
+    const fallback = 'fallback' in step ? step.fallback : undefined;
+    if (fallback === undefined) return;
+    const [what, name, known] =
+      'operator' in fallback
+        ? (['operator', fallback.operator, core.operators] as const)
+        : (['agent', fallback.agent, core.agents] as const);
+    if (known.has(name)) return;
+    const registered = [...known.keys()].join(', ') || '(none)';
+    const how =
+      what === 'operator'
+        ? `runtime.operator("${name}", fn)`
+        : `runtime.agent(defineAgent({ name: "${name}", … }))`;
+    issues.push({
+      path: `steps[${i}].fallback.${what}`,
+      message: `no ${what} "${name}" is registered for the fallback of step "${step.id}"; register it with ${how} before starting. Registered: ${registered}`,
+    });
+  });
+  if (issues.length > 0) throw new InputValidationError('plan', issues);
+}
+
+/** The start's cache flags as stored beside the run; refuses a flag that is not a boolean. */
+function checkCacheFlags(opts: StartOptions): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [field, stored] of [
+    ['allowCacheHit', 'allowCacheHit'],
+    ['refreshCache', 'refreshCache'],
+  ] as const) {
+    const value: unknown = opts[field];
+    if (value === undefined) continue;
+    if (typeof value !== 'boolean') {
+      throw new InputValidationError('start options', [
+        { path: field, message: `must be true or false, got ${JSON.stringify(value)}` },
+      ]);
+    }
+    if (value) out[stored] = '1';
+  }
+  return out;
+}
+
+/**
+ * Starts a run of `planSource` with `input`: the one start path, shared by `runtime.start` and the
+ * worker's `start` job. Every check comes before the first write, so a refused start leaves Redis
+ * as it was. A request key already claimed leads to its run (`created: false`, `found` its
+ * status); resuming it when it failed is the caller's choice.
+ */
+export async function launchRun(
+  core: RuntimeCore,
+  planSource: Plan | PlanInput | string,
+  input: unknown,
+  opts: StartOptions,
+): Promise<LaunchedRun> {
+  const plan = parsePlan(planSource);
+  assertPlainJson(input, 'run input', 'input');
+  const missingKeys = keyInputIssues(plan, input);
+  if (missingKeys.length > 0) throw new InputValidationError('run input', missingKeys);
+  checkFallbacks(core, plan);
+  const cacheFlags = checkCacheFlags(opts);
+  const tenantId = opts.tenantId ?? core.tenantId;
+  assertTenantId(tenantId);
+  let runId = opts.runId ?? randomUUID();
+  assertRunId(runId);
+  const requestKey = opts.requestKey;
+  const at = core.clock();
+  const meta = {
+    plan: JSON.stringify(plan),
+    input: JSON.stringify(input),
+    tenantId,
+    requestKey: opts.requestKey ?? '',
+    createdAt: String(at),
+    ...cacheFlags,
+  };
+  if (opts.runId !== undefined) {
+    // A request key already claimed leads to its run below; else the run id must be new.
+    const owner =
+      requestKey === undefined ? null : await core.requestKeys.owner(tenantId, requestKey);
+    if (owner === null && (await runExists(core.redis, core.keys, runId))) {
+      throw new RunAlreadyExistsError(runId);
+    }
+  }
+
+  if (requestKey !== undefined) {
+    const owner = await core.requestKeys.claim(tenantId, requestKey, runId);
+    if (owner !== null) {
+      runId = owner;
+      const existing = await core.store.tryLoad(runId, { outputs: false });
+      if (existing !== null) {
+        return { runId, created: false, found: runStatus(existing.snapshot) };
+      }
+      // The key was claimed but the run never got created (a crash in between): create it.
+    }
+  }
+  // Listed before it exists: an entry whose run never got created is removed by the list.
+  await Promise.all([
+    core.activeRuns.add(runId),
+    core.runs.add({ runId, planName: plan.name, tenantId, createdAt: at }),
+  ]);
+  let created;
+  const runTrace = startRunTrace(runId, {
+    'flujo.plan': plan.name,
+    'flujo.tenant_id': tenantId,
+  });
+  try {
+    created = await core.host.create(runId, plan, at, { ...meta, trace: runTrace.traceparent });
+    runTrace.end();
+  } catch (error) {
+    runTrace.end(error);
+    // Another start with the same request key created the run first: that run is the one.
+    if (opts.requestKey !== undefined && error instanceof RunAlreadyExistsError) {
+      return { runId, created: false };
+    }
+    throw error;
+  }
+  await core.scheduleDeadline(runId, plan, at);
+  await core.enqueueDue(runId, created.envelope);
+  return { runId, created: true };
+}

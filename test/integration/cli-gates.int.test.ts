@@ -1,0 +1,104 @@
+/**
+ * The `flujo` binary (built into dist first) deciding on gates: approvers refuse anyone else
+ * (exit 2, nothing written), the gate's reason is shown where a person decides, and `flujo skip`.
+ */
+import type { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { runFlujo } from '../helpers/cli.js';
+import { connect, deletePrefix, testPrefix } from '../helpers/redis.js';
+
+const JOB = 'test/fixtures/jobs/approvers.ts';
+
+const flujo = (args: string[], prefix: string) => runFlujo(args, { prefix, user: 'tester' });
+
+/** Every key of the prefix with its content (streams included). */
+async function dump(prefix: string): Promise<Record<string, unknown>> {
+  const out: Record<string, unknown> = {};
+  let cursor = '0';
+  do {
+    const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}:*`, 'COUNT', 500);
+    cursor = next;
+    for (const key of keys) {
+      const type = await redis.type(key);
+      if (type === 'hash') out[key] = await redis.hgetall(key);
+      else if (type === 'stream') out[key] = await redis.xrange(key, '-', '+');
+      else if (type === 'set') out[key] = (await redis.smembers(key)).sort();
+      else if (type === 'list') out[key] = await redis.lrange(key, 0, -1);
+      else out[key] = await redis.get(key);
+    }
+  } while (cursor !== '0');
+  return out;
+}
+
+let redis: Redis;
+const prefixes: string[] = [];
+beforeAll(() => {
+  redis = connect();
+});
+afterAll(async () => {
+  for (const p of prefixes) {
+    await deletePrefix(redis, `${p}:`);
+    await deletePrefix(redis, `{${p}:q}`);
+  }
+  redis.disconnect();
+});
+
+describe('flujo approve, reject and skip with approvers', { timeout: 60_000 }, () => {
+  it('shows the reason and the approvers; anyone else is refused with exit 2 and nothing changes', async () => {
+    const prefix = testPrefix();
+    prefixes.push(prefix);
+    const run = await flujo(['run', JOB], prefix);
+    expect(run.code).toBe(3);
+    const runId = /^run (\S+) /.exec(run.out)![1]!;
+    expect(run.out).toContain(
+      `waiting for approval: review (npx flujo approve ${runId} review --by ana, or npx flujo reject …)`,
+    );
+    expect(run.out).toContain('    reason: the draft goes to customers');
+    expect(run.out).toContain('    approvers: ana');
+
+    const status = await flujo(['status', runId], prefix);
+    expect(status.code).toBe(3);
+    expect(status.out).toContain('    reason: the draft goes to customers');
+    const json = JSON.parse((await flujo(['status', runId, '--json'], prefix)).out) as {
+      approvals: unknown[];
+    };
+    expect(json.approvals).toEqual([
+      {
+        stepId: 'review',
+        reason: 'the draft goes to customers',
+        approvers: ['ana'],
+        riskLevel: 'low',
+        call: null,
+      },
+    ]);
+
+    const before = await dump(prefix);
+    for (const command of [
+      ['approve', runId, 'review', '--by', 'mallory'],
+      ['reject', runId, 'review', '--by', 'mallory'],
+      ['skip', runId, 'review', '--by', 'mallory', '--reason', 'hurry'],
+    ]) {
+      const refused = await flujo(command, prefix);
+      expect(refused.code).toBe(2);
+      expect(refused.err).toContain('mallory may not decide on step "review"');
+      expect(refused.err).toContain('only ana may approve or reject it');
+    }
+    const noReason = await flujo(['skip', runId, 'review', '--by', 'ana'], prefix);
+    expect(noReason.code).toBe(2);
+    expect(noReason.err).toContain('--reason');
+    expect(await dump(prefix)).toEqual(before);
+
+    const skipped = await flujo(['skip', runId, 'review', '--by', 'ana', '--reason', 'ok'], prefix);
+    expect(skipped.code).toBe(0);
+    expect(skipped.out).toContain(`skipped step "review" of run ${runId} (by ana): ok`);
+    const resumed = await flujo(['resume', runId, JOB], prefix);
+    expect(resumed.code).toBe(0);
+    expect(resumed.out).toContain('produced: draft, send');
+    const done = JSON.parse((await flujo(['status', runId, '--json'], prefix)).out) as {
+      steps: { stepId: string; status: string; output: unknown }[];
+    };
+    expect(done.steps.map((s) => s.status)).toEqual(['SUCCEEDED', 'SKIPPED', 'SUCCEEDED']);
+    // The skipped gate gave nothing: send saw its output null.
+    expect(done.steps[2]!.output).toEqual({ sent: true, review: null });
+  });
+});
