@@ -5,7 +5,7 @@ import {
   openRun,
   runStatus,
   runSteps,
-  startRun,
+  startOpenRun,
   validateRunEvent,
   type OpenRun,
   type RunSnapshot,
@@ -189,6 +189,8 @@ interface OpenEntry {
   version: number;
   run: OpenRun;
   carrier: string | undefined;
+  /** Succeeded steps whose outputs the open run lacks (opened from a snapshot loaded without). */
+  outputsMissing: ReadonlySet<string>;
 }
 
 class OpenRuns {
@@ -200,17 +202,23 @@ class OpenRuns {
   peek(runId: string): OpenEntry | undefined {
     return this.#runs.get(runId);
   }
-  take(runId: string, version: number): OpenRun | undefined {
+  take(runId: string, version: number): OpenEntry | undefined {
     const entry = this.#runs.get(runId);
     if (entry === undefined) return undefined;
     this.#runs.delete(runId);
-    if (entry.version === version) return entry.run;
+    if (entry.version === version) return entry;
     entry.run.close();
     return undefined;
   }
-  put(runId: string, version: number, run: OpenRun, carrier: string | undefined): void {
+  put(
+    runId: string,
+    version: number,
+    run: OpenRun,
+    carrier: string | undefined,
+    outputsMissing: ReadonlySet<string>,
+  ): void {
     if (this.#max <= 0 || run.snapshot.status !== 'active') return run.close();
-    this.#runs.set(runId, { version, run, carrier });
+    this.#runs.set(runId, { version, run, carrier, outputsMissing });
     if (this.#runs.size > this.#max) {
       const [oldest, entry] = this.#runs.entries().next().value as [string, OpenEntry];
       this.#runs.delete(oldest);
@@ -278,6 +286,15 @@ function merge(a: RunTransition, b: RunTransition): RunTransition {
   };
 }
 
+/** The steps of a snapshot loaded without outputs whose outputs it lacks: those that succeeded. */
+function succeededSteps(snapshot: RunSnapshot): ReadonlySet<string> {
+  const ids = new Set<string>();
+  for (const id in snapshot.children) {
+    if (snapshot.children[id]?.snapshot.value === 'SUCCEEDED') ids.add(id);
+  }
+  return ids;
+}
+
 // Deciding never needs what steps produced: a step's output is read when a dependent runs.
 const WITHOUT_OUTPUTS = { outputs: false } as const;
 
@@ -308,13 +325,14 @@ export function createRunHost({
           snapshot,
           updatedAt: snapshot.context.updatedAt,
           ...(held.carrier === undefined ? {} : { carrier: held.carrier }),
+          outputsMissing: held.outputsMissing,
         };
       }
       return store.load(runId, WITHOUT_OUTPUTS);
     },
 
     async create(runId, plan, at, meta) {
-      const transition = startRun(plan, { runId, at });
+      const { transition, run } = startOpenRun(plan, { runId, at });
       const created = { type: 'run.created', runId, plan: plan.name, at } as const;
       const envelope = await store.create(
         runId,
@@ -322,10 +340,17 @@ export function createRunHost({
         factsOf(created, null, transition),
         meta,
       );
+      // Held open: the run's first unit, when this process runs it, need not restore it.
+      const nothingSucceeded: ReadonlySet<string> = new Set();
+      open.put(runId, envelope.version, run, undefined, nothingSucceeded);
       if (observers.size > 0) {
         notify({ runId, before: null, fed: [{ event: created, snapshot: transition.snapshot }] });
       }
-      return { envelope, transition, committed: true };
+      return {
+        envelope: { ...envelope, outputsMissing: nothingSucceeded },
+        transition,
+        committed: true,
+      };
     },
 
     async createFrom(runId, { snapshot, facts, created, meta }) {
@@ -340,13 +365,31 @@ export function createRunHost({
       for (let conflicts = 0; ; conflicts++) {
         const valid = events.map((e) => validateRunEvent(envelope.snapshot, e));
         let status = runStatus(envelope.snapshot);
-        const run = open.take(runId, envelope.version) ?? openRun(envelope.snapshot);
+        const taken = open.take(runId, envelope.version);
+        const run = taken?.run ?? openRun(envelope.snapshot);
+        const outputsMissing =
+          taken?.outputsMissing ?? envelope.outputsMissing ?? succeededSteps(envelope.snapshot);
         const facts: RunEventRecord[] = [];
         let t: RunTransition | undefined;
         let refused = false;
         let recordsAt = -1;
         const fed: CommittedRun['fed'][number][] = [];
-        for (const e of valid) {
+        // An attempt's start and its result: fed as one when nobody observes each event's
+        // snapshot (the facts and the committed snapshot are the same as one by one).
+        const pair =
+          valid.length === 2 && observers.size === 0
+            ? run.sendStartedWith(valid[0]!, valid[1]!)
+            : null;
+        if (pair !== null) {
+          const [first, second] = pair;
+          // The first leaves the run's status as it was: its facts need no snapshot.
+          facts.push(...factsOf(valid[0]!, status, { ...first, snapshot: second.snapshot }));
+          recordsAt = facts.length;
+          facts.push(...factsOf(valid[1]!, first.status, second));
+          status = second.status;
+          t = { ...second, changes: [...first.changes, ...second.changes] };
+        }
+        for (const e of pair === null ? valid : []) {
           if (recordsAt < 0 && e.type !== 'step.started') recordsAt = facts.length;
           const step = run.send(e);
           if (!step.accepted) {
@@ -360,8 +403,9 @@ export function createRunHost({
         }
         if (refused || t === undefined) {
           // A batch is all or nothing: the events taken before the refused one stay uncommitted.
-          if (valid.length === 1) open.put(runId, envelope.version, run, envelope.carrier);
-          else run.close();
+          if (valid.length === 1) {
+            open.put(runId, envelope.version, run, envelope.carrier, outputsMissing);
+          } else run.close();
           const unchanged = {
             snapshot: envelope.snapshot,
             status: runStatus(envelope.snapshot),
@@ -386,8 +430,12 @@ export function createRunHost({
           );
           // A commit that sets no carrier leaves the stored one as it was.
           const carrier = written.carrier ?? envelope.carrier;
-          const next = carrier === undefined ? written : { ...written, carrier };
-          open.put(runId, next.version, run, carrier);
+          const next = {
+            ...written,
+            ...(carrier === undefined ? {} : { carrier }),
+            outputsMissing,
+          };
+          open.put(runId, next.version, run, carrier, outputsMissing);
           if (observers.size > 0) notify({ runId, before: envelope.snapshot, fed });
           return { envelope: next, transition: t, committed: true };
         } catch (error) {

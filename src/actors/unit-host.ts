@@ -175,6 +175,8 @@ export interface Admitted {
   state: StepState;
   meta: RunMeta;
   step: PlanStep;
+  /** The commit that handed this unit to its job wrote the unit's note (its start writes none). */
+  noted?: boolean;
 }
 
 /** A unit of work as it runs: its start, and what it records besides its result. */
@@ -201,17 +203,21 @@ const MAX_TIMER_MS = 2_147_483_647;
 async function outputsOf(
   core: RuntimeCore,
   runId: string,
-  snapshot: RunSnapshot,
+  env: SnapshotEnvelope<RunSnapshot>,
   ids: readonly string[],
 ): Promise<Record<string, JsonValue>> {
   const out: Record<string, JsonValue> = {};
   const stored: string[] = [];
+  const missing = env.outputsMissing;
   for (const d of ids) {
-    const child = snapshot.children[d]?.snapshot;
+    const child = env.snapshot.children[d]?.snapshot;
     const output = child?.context.output;
     if (output !== undefined && output !== null) out[d] = output;
     else if (child?.value === 'SKIPPED') out[d] = null;
-    else if (child?.value === 'SUCCEEDED') stored.push(d);
+    // A null output held in memory from the step's own commit: it produced nothing.
+    else if (child?.value === 'SUCCEEDED' && (missing === undefined || missing.has(d))) {
+      stored.push(d);
+    }
   }
   if (stored.length > 0) {
     const read = await core.store.readOutputs(runId, stored);
@@ -528,6 +534,7 @@ export function startUnit(
   runId: string,
   stepId: string,
   turn?: number,
+  noted = false,
 ): Unit {
   const { core, identity } = host;
   const at = core.clock();
@@ -535,9 +542,10 @@ export function startUnit(
   const { attempt } = state;
   const pauses = state.pauses ?? 0;
   const where = { stepId, attempt, ...(turn === undefined ? {} : { turn }) };
-  // The note is also written for every turn: a turn taken over is a unit of its own.
+  // The note is also written for every turn: a turn taken over is a unit of its own. A unit
+  // that a commit of this job handed to it was noted by that commit: no other worker has run it.
   const previous =
-    state.status === 'READY' || turn !== undefined
+    !noted && (state.status === 'READY' || turn !== undefined)
       ? core.unitNotes
           .swap(runId, stepId, formatUnitNote(attempt, pauses, at, turn, identity))
           .catch(() => null)
@@ -696,9 +704,14 @@ export async function commitUnit(
   const options = (t: RunTransition): CommitOptions => {
     const sole = mayGoOn(chain) ? soleUnit(runId, t.snapshot) : null;
     next = sole !== null && plannedBy(t, data, sole) ? sole : null;
-    return next === null
-      ? base
-      : { ...base, carrier: carrierNote({ job: chain.self, unit: next.opts.jobId }) };
+    if (next === null) return base;
+    const { stepId, attempt, turn, pause } = next.data;
+    const note = formatUnitNote(attempt!, pause ?? 0, core.clock(), turn, host.identity);
+    return {
+      ...base,
+      carrier: carrierNote({ job: chain.self, unit: next.opts.jobId }),
+      unitNote: { stepId: stepId!, note },
+    };
   };
   const events = [...c.unit.started, ...c.events];
   const applied = await core.host.apply(runId, events, c.env, await recording(c.unit, options));
@@ -717,7 +730,9 @@ export async function nextUnit(
   ended: string,
 ): Promise<UnitOutcome> {
   const admitted = await admitLoaded(host, next.data, applied.envelope, chain.self);
-  return typeof admitted === 'string' ? admitted : { next, admitted, ended };
+  return typeof admitted === 'string'
+    ? admitted
+    : { next, admitted: { ...admitted, noted: true }, ended };
 }
 
 /** The commit of a success: a cache hit's source first, and who produced the output. */
@@ -775,9 +790,9 @@ export async function runStepUnit(
   const { runId } = data;
   const stepId = data.stepId!;
   const attempt = data.attempt!;
-  const depOutputs = await outputsOf(core, runId, env.snapshot, step.dependsOn);
+  const depOutputs = await outputsOf(core, runId, env, step.dependsOn);
   const limit = await attemptLimit(host, runId, step, attempt);
-  const unit = startUnit(host, state, runId, stepId);
+  const unit = startUnit(host, state, runId, stepId, undefined, admitted.noted);
   const where = { step, state, runId, tenantId: meta.tenantId, runInput: meta.input, depOutputs };
   const deps = executionDepsFor(host, meta);
   const result = await guardUnit(host, { runId, stepId, attempt }, jobSignal, limit, (signal) =>
@@ -855,8 +870,8 @@ export async function runTurnUnit(
     return stored > turn ? 'turn-committed' : 'turn-gap';
   }
   const limit = await attemptLimit(host, runId, step, attempt);
-  const depOutputs = await outputsOf(core, runId, env.snapshot, step.dependsOn);
-  const unit = startUnit(host, state, runId, stepId, turn);
+  const depOutputs = await outputsOf(core, runId, env, step.dependsOn);
+  const unit = startUnit(host, state, runId, stepId, turn, admitted.noted);
   const outcome = await guardUnit(host, { runId, stepId, attempt }, jobSignal, limit, (signal) =>
     executeTurn(
       { ...executionDepsFor(host, meta), ...unit.observers },

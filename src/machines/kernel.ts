@@ -68,6 +68,18 @@ export interface OpenRun {
   readonly snapshot: RunSnapshot;
   /** Feeds one valid event (see {@link validateRunEvent}). */
   send(event: RunEvent): RunTransition;
+  /**
+   * Feeds a READY step's `step.started` and the result of the same attempt (`step.succeeded` or
+   * `step.failed`, stamped no earlier), and returns what `send` gives for each of the two in turn,
+   * the first without its snapshot (the step RUNNING in between is never stored). The machines
+   * take the result from READY exactly as from RUNNING (same guards, same context), so only the
+   * result is fed to them: the first transition is READY → RUNNING alone, and the second's change
+   * of the step starts from RUNNING. Null when these conditions do not hold; nothing is fed then.
+   */
+  sendStartedWith(
+    started: RunEvent,
+    result: RunEvent,
+  ): [Omit<RunTransition, 'snapshot'>, RunTransition] | null;
   /** Lets the run go (kept for hosts that pool open runs). */
   close(): void;
 }
@@ -240,6 +252,51 @@ class LiveRun implements OpenRun {
     };
   }
 
+  sendStartedWith(
+    started: RunEvent,
+    result: RunEvent,
+  ): [Omit<RunTransition, 'snapshot'>, RunTransition] | null {
+    if (
+      started.type !== 'step.started' ||
+      (result.type !== 'step.succeeded' && result.type !== 'step.failed') ||
+      result.stepId !== started.stepId ||
+      result.attempt !== started.attempt ||
+      result.at < started.at ||
+      this.#snapshot.status !== 'active'
+    ) {
+      return null;
+    }
+    const { stepId, attempt } = started;
+    const before = this.#snapshot.context;
+    const view = before.steps[stepId];
+    const child = this.#snapshot.children[stepId]?.snapshot;
+    if (
+      view?.status !== 'READY' ||
+      view.attempt !== attempt ||
+      child?.value !== 'READY' ||
+      child.context.attempt !== attempt
+    ) {
+      return null;
+    }
+    const second = this.send(result);
+    if (!second.accepted) return null;
+    return [
+      {
+        // READY and RUNNING count alike for the run's status.
+        status: statusOf(before),
+        planned: [],
+        changes: [{ stepId, from: 'READY', to: 'RUNNING', attempt }],
+        accepted: true,
+      },
+      {
+        ...second,
+        changes: second.changes.map((c) =>
+          c.stepId === stepId ? { ...c, from: 'RUNNING' as const } : c,
+        ),
+      },
+    ];
+  }
+
   // Nothing to stop: the actors hold no timer or subscription outside themselves, so a run that
   // is let go is collected. (Stopping one walks every child: a cost paid for nothing.)
   close(): void {}
@@ -316,16 +373,30 @@ export interface StartRunOptions {
 }
 
 /** Creates a run from a parsed plan: one step actor per step; starts those with no dependencies. */
-export function startRun(plan: Plan, { runId, at }: StartRunOptions): RunTransition {
+export function startRun(plan: Plan, options: StartRunOptions): RunTransition {
+  return startOpenRun(plan, options).transition;
+}
+
+/**
+ * {@link startRun}, and the run it created held open for its next events (a host that keeps runs
+ * in memory need not restore it from its first snapshot).
+ */
+export function startOpenRun(
+  plan: Plan,
+  { runId, at }: StartRunOptions,
+): { transition: RunTransition; run: OpenRun } {
   const planned: PlannedAction[] = [];
   const actor = started(createActor(kernelRunMachine, { input: { runId, plan, at } }), planned);
   const snapshot = persist(actor);
   return {
-    snapshot,
-    status: statusOf(snapshot.context),
-    planned,
-    changes: diffSteps(null, snapshot.context),
-    accepted: true,
+    transition: {
+      snapshot,
+      status: statusOf(snapshot.context),
+      planned,
+      changes: diffSteps(null, snapshot.context),
+      accepted: true,
+    },
+    run: new LiveRun(actor, snapshot),
   };
 }
 

@@ -24,6 +24,12 @@ export interface SnapshotEnvelope<S = unknown> {
    * units), as the last commit that set one left it; opaque here. Absent when none was ever set.
    */
   carrier?: string;
+  /**
+   * Steps that succeeded and whose outputs this in-memory snapshot does not hold (it was loaded
+   * without them): their output reads as null here whatever they produced. Set by a holder that
+   * knows; absent, any succeeded step's null output may stand for one not loaded.
+   */
+  outputsMissing?: ReadonlySet<string>;
 }
 
 /**

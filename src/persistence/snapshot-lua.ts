@@ -14,7 +14,7 @@
  */
 
 /** Bump when a script changes meaning, so clients never mix versions under one command name. */
-export const SNAPSHOT_SCRIPT_VERSION = 4;
+export const SNAPSHOT_SCRIPT_VERSION = 5;
 
 // Runs `cmd key ARGV[from .. from+count-1]` in chunks (Lua's unpack has a stack limit); `count`
 // and the chunk size are even, so field/value pairs never straddle two calls.
@@ -64,13 +64,16 @@ return 1
 /*
  * commit: compare-and-set of the snapshot's changed fields, the step outputs, the event appends,
  * any list appends and ledger receipts of read-only calls, all or nothing.
- *   KEYS[1]  snap (HASH)   KEYS[2]  events (STREAM)   KEYS[3]  outputs (HASH)   KEYS[4..] lists,
- *            then the ledger hash of each receipt (the last r keys)
+ *   KEYS[1]  snap (HASH)   KEYS[2]  events (STREAM)   KEYS[3]  outputs (HASH)
+ *   KEYS[4]  the run's unit notes (HASH)   KEYS[5..] lists, then the ledger hash of each receipt
+ *            (the last r keys)
  *   ARGV[1]  the expected version   ARGV[2] the new version   ARGV[3] sv   ARGV[4] u
  *   ARGV[5]  the carrier note ('' leaves the stored one as it is)
  *   ARGV[6]  mode: 'p' the changed fields only, valid only over fields of the same schema version
  *            (sv); 'f' every field (the old one-field snapshot `s` is removed); 'w' no check
- *   ARGV[7]  p, the number of snapshot field/value strings, then p strings
+ *   ARGV[7]  a unit note's field ('' none), ARGV[8] its value: the note of the unit this commit
+ *            hands to its own job (see the unit notes), written instead of by that unit's start
+ *   ARGV[9]  p, the number of snapshot field/value strings, then p strings
  *   then     o, the number of output field/value strings, then o strings
  *   then     d, the number of output fields to delete, then d names
  *   then     n, the number of events, then n pairs (type, JSON)
@@ -89,7 +92,7 @@ local stored = redis.call('HGET', KEYS[1], 'v')
 if not stored then return {-1} end
 if stored ~= ARGV[1] then return {0, stored} end
 if ARGV[6] == 'p' and redis.call('HGET', KEYS[1], 'sv') ~= ARGV[3] then return {3} end
-local i = 7
+local i = 9
 local p = tonumber(ARGV[i])
 local partsAt = i + 1
 i = i + 1 + p
@@ -107,11 +110,11 @@ local receiptsAt = i + 1
 i = i + 1 + 4 * r
 local lastList = #KEYS - r
 local lists = {}
-for k = 4, lastList do
+for k = 5, lastList do
   local expected = tonumber(ARGV[i])
   local count = tonumber(ARGV[i + 1])
   local len = redis.call('LLEN', KEYS[k])
-  if len ~= expected then return {2, k - 4, len} end
+  if len ~= expected then return {2, k - 5, len} end
   lists[#lists + 1] = {KEYS[k], i + 2, count}
   i = i + 2 + count
 end
@@ -121,6 +124,7 @@ if ARGV[5] == '' then
 else
   redis.call('HSET', KEYS[1], 'v', ARGV[2], 'sv', ARGV[3], 'u', ARGV[4], 'c', ARGV[5])
 end
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[4], ARGV[7], ARGV[8]) end
 if p > 0 then chunked('HSET', KEYS[1], partsAt, p) end
 if o > 0 then chunked('HSET', KEYS[3], outputsAt, o) end
 if d > 0 then chunked('HDEL', KEYS[3], dropAt, d) end

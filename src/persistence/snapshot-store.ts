@@ -121,6 +121,12 @@ export interface CommitOptions {
    */
   carrier?: string;
   /**
+   * A unit note written in the same write (see the unit notes): the note of the unit that this
+   * commit hands to the job that makes it, so that unit's start need not write one.
+   * @defaultValue none
+   */
+  unitNote?: { stepId: string; note: string };
+  /**
    * The snapshot stored at the expected version, as the caller read it: with a split layout, only
    * the fields that differ from it are written. @defaultValue unknown: every field is written
    */
@@ -295,7 +301,8 @@ export function createSnapshotStore<S = unknown>(
    * commit: compare-and-set of the envelope plus the event appends and list appends (script COMMIT).
    *   Reads:         HGET snap v (and sv for a partial write); LLEN of each list to append to
    *   Written keys:  snap (HSET v sv u, c when a carrier is given, and the changed parts, or s),
-   *                  outputs (HSET new outputs, HDEL cleared ones), events (XADD * v t d, one per
+   *                  outputs (HSET new outputs, HDEL cleared ones), the unit note when given
+   *                  (HSET started), events (XADD * v t d, one per
    *                  event), each list (RPUSH), each ledger receipt (HSET, as the ledger's
    *                  record script writes it), atomically, only when the version and every
    *                  length are as expected. A partial write over fields of an older schema
@@ -318,7 +325,7 @@ export function createSnapshotStore<S = unknown>(
     const listKeys = checkAppends(keys.runKey(runId, RunKeyKind.Snap), appends);
     const records = commitOptions.ledgerRecords ?? [];
     checkLedgerRecords(keys.runKey(runId, RunKeyKind.Ledger), records);
-    const carrier = commitOptions.carrier;
+    const { carrier, unitNote } = commitOptions;
     if (carrier !== undefined && (typeof carrier !== 'string' || carrier === '')) {
       throw new InputValidationError('commit options', [
         { path: 'carrier', message: 'must be a non-empty string when given' },
@@ -339,10 +346,11 @@ export function createSnapshotStore<S = unknown>(
       const parts = Object.entries(delta.parts).flat();
       const outputs = Object.entries(delta.outputs).flat();
       const args: string[] = [
-        String(3 + listKeys.length + records.length),
+        String(4 + listKeys.length + records.length),
         snapKey,
         eventsKey,
         keys.outputs(runId),
+        keys.started(runId),
         ...listKeys,
         ...records.map((r) => r.key),
         String(expectedVersion),
@@ -351,6 +359,8 @@ export function createSnapshotStore<S = unknown>(
         fields.u,
         carrier ?? '',
         mode,
+        unitNote?.stepId ?? '',
+        unitNote?.note ?? '',
         String(parts.length),
         ...parts,
         String(outputs.length),
