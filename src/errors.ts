@@ -294,20 +294,27 @@ export class RunNotFoundError extends FlujoError {
 }
 
 /**
- * The run existed and finished, and its keys were removed by retention
- * (`createRuntime({ retention: { finishedRunsMs } })`). A {@link RunNotFoundError} (same code), so
- * code that handles "not found" handles it; its message says what happened.
+ * The run existed and finished (or failed), and its keys were removed by retention
+ * (`createRuntime({ retention: { finishedRunsMs, failedRunsMs } })`). A {@link RunNotFoundError}
+ * (same code), so code that handles "not found" handles it; its message says what happened.
  */
 export class RunRemovedError extends RunNotFoundError {
   override name = 'RunRemovedError';
+  /** Whether the run had failed (it was kept `retention.failedRunsMs`, not `finishedRunsMs`). */
+  readonly failed: boolean;
   constructor(
     runId: string,
     readonly finishedAt: number,
     readonly retentionMs: number,
-    options?: FlujoErrorOptions,
+    options: FlujoErrorOptions & { failed?: boolean } = {},
   ) {
-    super(runId, options);
-    this.message = `Run "${runId}" was removed by retention: it finished at ${new Date(finishedAt).toISOString()} and finished runs are kept ${retentionMs} ms (retention.finishedRunsMs). Its state, events and outputs are gone.`;
+    const { failed = false, ...rest } = options;
+    super(runId, rest);
+    this.failed = failed;
+    const [how, option] = failed
+      ? ['failed', 'retention.failedRunsMs']
+      : ['finished', 'retention.finishedRunsMs'];
+    this.message = `Run "${runId}" was removed by retention: it ${how} at ${new Date(finishedAt).toISOString()} and ${how} runs are kept ${retentionMs} ms (${option}). Its state, events and outputs are gone.`;
   }
   override get details(): unknown {
     return {
@@ -315,6 +322,7 @@ export class RunRemovedError extends RunNotFoundError {
       removed: true,
       finishedAt: this.finishedAt,
       retentionMs: this.retentionMs,
+      failed: this.failed,
     };
   }
 }

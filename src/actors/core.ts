@@ -143,9 +143,12 @@ export interface CoreOptions {
     cacheBytes?: number;
   };
   /**
-   * How long finished runs stay in Redis: `{ finishedRunsMs }`. When a run succeeds, fails or is
-   * cancelled, every key of it gets this expiry (a resumed run keeps its keys again); asking for
-   * it afterwards throws `RunRemovedError`. @defaultValue `{ finishedRunsMs: 7 days }`
+   * How long finished runs stay in Redis: `{ finishedRunsMs, failedRunsMs }`. When a run succeeds
+   * or is cancelled, every key of it gets the `finishedRunsMs` expiry; asking for it once its keys
+   * are gone throws `RunRemovedError`. A failed run is kept (no expiry) until it is resumed and
+   * finishes, unless `failedRunsMs` is set: then it gets that expiry when it fails (a resumed run
+   * keeps its keys again). Runs that wait or still work are kept.
+   * @defaultValue `{ finishedRunsMs: 7 days }` (failed runs kept)
    */
   retention?: RetentionOptions;
   /** Storage of cached step outputs (`cachePolicy`), shared by the tenant's runs. */
@@ -324,6 +327,7 @@ export class RuntimeCore {
       redis: this.redis,
       keys: this.keys,
       finishedRunsMs: retention.finishedRunsMs,
+      failedRunsMs: retention.failedRunsMs,
       blobRetentionMs: blobOptions.retentionMs ?? DEFAULT_BLOB_RETENTION_MS,
       clock: this.clock,
     });
@@ -467,9 +471,11 @@ export class RuntimeCore {
   }
 
   /**
-   * A run that finished (succeeded, failed, cancelled): its keys get their expiry, then it leaves
-   * the active runs. In that order: a crash in between leaves it active, so the next worker start
-   * (or a redelivered job) comes here again and finishes the job.
+   * A run that ended (succeeded, failed, cancelled): its keys get their expiry (none for a failed
+   * run without `retention.failedRunsMs`: it is kept until resumed), then it leaves the active
+   * runs either way (a failed run that is resumed joins them again). In that order: a crash in
+   * between leaves it active, so the next worker start (or a redelivered job) comes here again and
+   * finishes the job.
    */
   async ended(runId: string): Promise<void> {
     const meta = await this.meta(runId);
@@ -496,7 +502,9 @@ export class RuntimeCore {
     const removed = await this.retention.removed(runId);
     return removed === null
       ? new RunNotFoundError(runId)
-      : new RunRemovedError(runId, removed.finishedAt, removed.retentionMs);
+      : new RunRemovedError(runId, removed.finishedAt, removed.retentionMs, {
+          failed: removed.failed,
+        });
   }
 
   /**

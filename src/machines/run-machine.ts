@@ -240,8 +240,14 @@ export const runMachine = setup({
     isCancelled: ({ context }) => statusOf(context) === 'cancelled',
     isWaiting: ({ context }) => statusOf(context) === 'waiting',
     isRunning: ({ context }) => statusOf(context) === 'running',
-    // Cancel and stop apply once, to a run that is still moving (not to one that failed).
+    // Cancel applies once, to a run that is still moving or that failed (it then ends cancelled
+    // instead of waiting for a resume); a stop only to a run that is still moving.
     isFirstCancel: ({ context }) =>
+      context.cancel === null &&
+      (statusOf(context) === 'running' ||
+        statusOf(context) === 'waiting' ||
+        statusOf(context) === 'failed'),
+    isFirstStop: ({ context }) =>
       context.cancel === null &&
       context.stop === null &&
       (statusOf(context) === 'running' || statusOf(context) === 'waiting'),
@@ -332,7 +338,7 @@ export const runMachine = setup({
       ],
     },
     'run.stopped': {
-      guard: 'isFirstCancel',
+      guard: 'isFirstStop',
       actions: [
         assign({
           stop: ({ event }) => ({
@@ -410,6 +416,8 @@ export const runMachine = setup({
     succeeded: { type: 'final' },
     // Not final: a failed run rests here until it is resumed (`run.resumed`).
     failed: {
+      // Cancelled while failed: it ends cancelled (every step is final already).
+      always: { guard: 'isCancelled', target: 'cancelled' },
       on: {
         'run.resumed': {
           target: 'running',

@@ -1,6 +1,8 @@
 /**
  * Retention of finished runs: every key a run wrote gets an expiry when the run finishes, and a
  * small tombstone outlives them, so that asking for a removed run says so instead of "not found".
+ * A failed run is not finished for good (it may be resumed): it keeps its keys, with no expiry,
+ * unless `failedRunsMs` is set; it gets the expiry of finished runs once it is resumed and ends.
  *
  * The keys of a run are listed here, from what the run was started with (its steps, its tenant,
  * its request key) and what it stored (its blobs): other stores that add keys of a run register a
@@ -16,7 +18,7 @@
  * the tenant removes the records that are due.
  */
 import type { Redis } from 'ioredis';
-import { InputValidationError } from '../errors.js';
+import { InputValidationError, type ValidationIssue } from '../errors.js';
 import type { Keys } from './keys.js';
 import { classifyRedisError } from './redis-errors.js';
 
@@ -29,10 +31,16 @@ export const TOMBSTONE_EXTRA_MS = 30 * 24 * 60 * 60 * 1000;
 /** Options of retention (`createRuntime({ retention })`). */
 export interface RetentionOptions {
   /**
-   * How long every key of a run is kept after the run finished (succeeded, failed, cancelled),
-   * in ms. Runs that wait or still work keep everything. @defaultValue 7 days
+   * How long every key of a run is kept after the run finished (succeeded or cancelled), in ms.
+   * Runs that wait or still work keep everything. @defaultValue 7 days
    */
   finishedRunsMs?: number;
+  /**
+   * How long every key of a failed run is kept after it failed, in ms. Left out, a failed run keeps
+   * everything until it is resumed and finishes (then `finishedRunsMs` applies). @defaultValue
+   * none: failed runs are kept
+   */
+  failedRunsMs?: number;
 }
 
 /** What a run was started with, as far as its keys go. */
@@ -59,21 +67,28 @@ export type RunKeySource = (runId: string, info: RunKeyInfo) => Partial<RunKeys>
 
 /** The tombstone of a removed run. */
 export interface RemovedRun {
-  /** When the run was given its expiry (it had finished), epoch ms. */
+  /** When the run was given its expiry (it had finished or failed), epoch ms. */
   finishedAt: number;
   /** How long it was kept after that, in ms. */
   retentionMs: number;
+  /** Whether it had failed (kept `failedRunsMs`), not finished (kept `finishedRunsMs`). */
+  failed: boolean;
 }
 
 /** Gives finished runs their expiry and tells removed runs from unknown ones. */
 export interface RetentionStore {
   /** The retention of finished runs, in ms. */
   readonly finishedRunsMs: number;
+  /** The retention of failed runs, in ms; null: failed runs are kept. */
+  readonly failedRunsMs: number | null;
   /** Every key the run may have, by slot (keys that do not exist are harmless). */
   runKeys(runId: string, info: RunKeyInfo): Promise<RunKeys>;
   /**
-   * Gives every key of a finished run its expiry and writes its tombstone, unless that was done
-   * already (one small read then). Returns whether it set them now.
+   * Gives every key of a run that ended its expiry and writes its tombstone: `finishedRunsMs` for
+   * a run that succeeded or was cancelled, `failedRunsMs` for one that failed (nothing at all for
+   * a failed run without it, nor for a run that did not end). Unless that was done already (one
+   * small read then); a run that failed and was given its expiry, then finished, gets that of
+   * finished runs. Returns whether it set them now.
    */
   expireFinished(runId: string, info: RunKeyInfo): Promise<boolean>;
   /** Removes the expiry of every key of a run that goes on again (a resumed run) and its tombstone. */
@@ -90,6 +105,8 @@ export interface RetentionStoreOptions {
   keys: Keys;
   /** @defaultValue {@link DEFAULT_FINISHED_RUNS_MS} */
   finishedRunsMs?: number;
+  /** @defaultValue null: failed runs are kept */
+  failedRunsMs?: number | null;
   /** The expiry blobs have while their run goes on (set back on `keep`). @defaultValue 7 days */
   blobRetentionMs?: number;
   /** @defaultValue `Date.now` */
@@ -97,11 +114,15 @@ export interface RetentionStoreOptions {
 }
 
 /**
- * The retention options, checked: throws {@link InputValidationError} naming the field unless
- * `finishedRunsMs` is absent or a positive finite number of milliseconds.
+ * The retention options, checked: throws {@link InputValidationError} naming each bad field unless
+ * `finishedRunsMs` and `failedRunsMs` are each absent or a positive finite number of milliseconds.
+ * An absent `failedRunsMs` is null: failed runs are kept.
  */
-export function parseRetentionOptions(value: unknown): { finishedRunsMs: number } {
-  if (value === undefined) return { finishedRunsMs: DEFAULT_FINISHED_RUNS_MS };
+export function parseRetentionOptions(value: unknown): {
+  finishedRunsMs: number;
+  failedRunsMs: number | null;
+} {
+  if (value === undefined) return { finishedRunsMs: DEFAULT_FINISHED_RUNS_MS, failedRunsMs: null };
   if (typeof value !== 'object' || value === null || Array.isArray(value)) {
     throw new InputValidationError('runtime options', [
       {
@@ -110,19 +131,28 @@ export function parseRetentionOptions(value: unknown): { finishedRunsMs: number 
       },
     ]);
   }
-  const ms: unknown = (value as { finishedRunsMs?: unknown }).finishedRunsMs;
-  if (ms === undefined) return { finishedRunsMs: DEFAULT_FINISHED_RUNS_MS };
-  if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 1) {
-    throw new InputValidationError('runtime options', [
-      {
-        path: 'retention.finishedRunsMs',
-        message: `must be a number of milliseconds ≥ 1, e.g. 7 * 24 * 3600 * 1000 for 7 days; got ${
-          typeof ms === 'number' ? String(ms) : typeof ms
-        }`,
-      },
-    ]);
-  }
-  return { finishedRunsMs: Math.ceil(ms) };
+  const issues: ValidationIssue[] = [];
+  const got = (ms: unknown) =>
+    typeof ms === 'number' ? String(ms) : ms === null ? 'null' : typeof ms;
+  const check = (field: 'finishedRunsMs' | 'failedRunsMs', example: string): number | null => {
+    const ms: unknown = (value as Record<string, unknown>)[field];
+    if (ms === undefined) return null;
+    if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 1) {
+      issues.push({
+        path: `retention.${field}`,
+        message: `must be a number of milliseconds ≥ 1, e.g. ${example}; got ${got(ms)}`,
+      });
+      return null;
+    }
+    return Math.ceil(ms);
+  };
+  const finishedRunsMs = check('finishedRunsMs', '7 * 24 * 3600 * 1000 for 7 days');
+  const failedRunsMs = check(
+    'failedRunsMs',
+    '30 * 24 * 3600 * 1000 for 30 days (or left out: failed runs are kept until resumed)',
+  );
+  if (issues.length > 0) throw new InputValidationError('runtime options', issues);
+  return { finishedRunsMs: finishedRunsMs ?? DEFAULT_FINISHED_RUNS_MS, failedRunsMs };
 }
 
 const BLOB_ACCOUNTING_FIELDS = new Set(['bytes', 'count']);
@@ -138,12 +168,40 @@ function queuedRun(member: string): { runId: string; ids: string[] } | null {
   }
 }
 
+/** The run's derived status (`rs` of the snapshot's run part), or null when unreadable. */
+function runStatusOf(part: string | null): string | null {
+  if (part === null) return null;
+  try {
+    const run = JSON.parse(part) as { rs?: unknown };
+    return typeof run.rs === 'string' ? run.rs : null;
+  } catch {
+    return null;
+  }
+}
+
+/** A tombstone as stored (one written before failed runs were told apart is a finished run's). */
+function tombstoneOf(raw: string): RemovedRun {
+  try {
+    const parsed = JSON.parse(raw) as Partial<RemovedRun>;
+    return {
+      finishedAt: Number(parsed.finishedAt ?? 0),
+      retentionMs: Number(parsed.retentionMs ?? 0),
+      failed: parsed.failed === true,
+    };
+  } catch {
+    return { finishedAt: 0, retentionMs: 0, failed: false };
+  }
+}
+
 /*
- * expire: gives a finished run's keys their expiry and writes its tombstone.
+ * expire: gives an ended run's keys their expiry and writes its tombstone, if the run is still in
+ * the state the expiry is for.
  *   KEYS[1]  the tombstone   KEYS[2]  the snapshot (HASH)   KEYS[3..]  the run's other keys
  *   ARGV[1]  the expiry, ms   ARGV[2] the tombstone's expiry, ms   ARGV[3] the tombstone
+ *   ARGV[4]  'failed': for a failed run; 'finished': for one that succeeded or was cancelled
  *   Reads    HGET snap run (the run's derived status, `rs`)
- *   Returns  1 set; 0 the run is not finished (nothing set); -1 no snapshot (nothing set)
+ *   Returns  1 set; 0 the run has not ended (nothing set); 2 it ended otherwise (nothing set);
+ *            -1 no snapshot (nothing set)
  */
 const EXPIRE = `
 local part = redis.call('HGET', KEYS[2], 'run')
@@ -151,18 +209,21 @@ if not part then return -1 end
 local ok, run = pcall(cjson.decode, part)
 if not ok or type(run) ~= 'table' then return 0 end
 local rs = run['rs']
-if rs ~= 'succeeded' and rs ~= 'failed' and rs ~= 'cancelled' then return 0 end
+local failed = rs == 'failed'
+if not failed and rs ~= 'succeeded' and rs ~= 'cancelled' then return 0 end
+if failed ~= (ARGV[4] == 'failed') then return 2 end
 for i = 2, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[1]) end
 redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[2])
 return 1
 `;
-const EXPIRE_COMMAND = 'flujoRetention_expire_v1';
+const EXPIRE_COMMAND = 'flujoRetention_expire_v2';
 type Expire = (...args: string[]) => Promise<number>;
 
 /** Creates a Redis-backed {@link RetentionStore}. */
 export function createRetentionStore(options: RetentionStoreOptions): RetentionStore {
   const { redis, keys } = options;
   const finishedRunsMs = options.finishedRunsMs ?? DEFAULT_FINISHED_RUNS_MS;
+  const failedRunsMs = options.failedRunsMs ?? null;
   const blobRetentionMs = options.blobRetentionMs ?? DEFAULT_FINISHED_RUNS_MS;
   const clock = options.clock ?? Date.now;
   const sources: RunKeySource[] = [];
@@ -182,9 +243,9 @@ export function createRetentionStore(options: RetentionStoreOptions): RetentionS
 
   /**
    * Removes the reservation records of runs whose keys have expired (at most 100 runs a call),
-   * then queues this run's records for when its own keys expire.
+   * then queues this run's records for when its own keys expire (in `ms`).
    */
-  async function queueReservations(runId: string, tenantId: string): Promise<void> {
+  async function queueReservations(runId: string, tenantId: string, ms: number): Promise<void> {
     const queued = keys.expiringReservations(tenantId);
     const now = clock();
     const due = await redis.zrangebyscore(queued, '-inf', String(now), 'LIMIT', 0, 100);
@@ -195,8 +256,7 @@ export function createRetentionStore(options: RetentionStoreOptions): RetentionS
       if (recordIds.length > 0) tx.hdel(keys.reservations(tenantId), ...recordIds);
       tx.zrem(queued, member);
     }
-    if (ids.length > 0)
-      tx.zadd(queued, String(now + finishedRunsMs), JSON.stringify({ runId, ids }));
+    if (ids.length > 0) tx.zadd(queued, String(now + ms), JSON.stringify({ runId, ids }));
     await tx.exec();
   }
 
@@ -235,19 +295,37 @@ export function createRetentionStore(options: RetentionStoreOptions): RetentionS
 
   return {
     finishedRunsMs,
+    failedRunsMs,
     runKeys,
 
     async expireFinished(runId, info) {
       try {
-        if ((await redis.exists(keys.removed(runId))) === 1) return false;
+        // One round trip: the tombstone, and how the run ended.
+        const replies = await redis
+          .pipeline()
+          .get(keys.removed(runId))
+          .hget(keys.snap(runId), 'run')
+          .exec();
+        const [removed = null, part = null] = (replies ?? []).map(([error, reply]) => {
+          if (error) throw error;
+          return reply as string | null;
+        });
+        const status = runStatusOf(part);
+        const failed = status === 'failed';
+        if (!failed && status !== 'succeeded' && status !== 'cancelled') return false;
+        // A failed run without `failedRunsMs` is kept as it is.
+        const retentionMs = failed ? failedRunsMs : finishedRunsMs;
+        if (retentionMs === null) return false;
+        // Done already, unless the expiry was a failed run's and the run has finished since.
+        if (removed !== null && (failed || !tombstoneOf(removed).failed)) return false;
         const { run, tenant, other } = await runKeys(runId, info);
-        const ms = String(finishedRunsMs);
+        const ms = String(retentionMs);
         // Keys of other slots first: the run's own, with the tombstone, come last.
         const outside = [...tenant, ...other];
         const pipeline = redis.pipeline();
         for (const key of outside) pipeline.pexpire(key, ms);
         await pipeline.exec();
-        const tombstone: RemovedRun = { finishedAt: clock(), retentionMs: finishedRunsMs };
+        const tombstone: RemovedRun = { finishedAt: clock(), retentionMs, failed };
         const snap = keys.snap(runId);
         const set = await expire(
           String(2 + run.length - 1),
@@ -255,14 +333,16 @@ export function createRetentionStore(options: RetentionStoreOptions): RetentionS
           snap,
           ...run.filter((k) => k !== snap),
           ms,
-          String(finishedRunsMs + TOMBSTONE_EXTRA_MS),
+          String(retentionMs + TOMBSTONE_EXTRA_MS),
           JSON.stringify(tombstone),
+          failed ? 'failed' : 'finished',
         );
         if (set === 1) {
-          await queueReservations(runId, info.tenantId);
+          await queueReservations(runId, info.tenantId, retentionMs);
           return true;
         }
-        // Resumed meanwhile (or gone): the keys of other slots keep no expiry either.
+        // Resumed meanwhile (or gone): the keys of other slots keep no expiry either. (A run that
+        // ended otherwise meanwhile is given its expiry by whoever ended it.)
         if (set === 0) {
           const undo = redis.pipeline();
           for (const key of outside) undo.persist(key);
@@ -313,15 +393,7 @@ export function createRetentionStore(options: RetentionStoreOptions): RetentionS
       } catch (error) {
         return fail(error);
       }
-      try {
-        const parsed = JSON.parse(raw) as Partial<RemovedRun>;
-        return {
-          finishedAt: Number(parsed.finishedAt ?? 0),
-          retentionMs: Number(parsed.retentionMs ?? 0),
-        };
-      } catch {
-        return { finishedAt: 0, retentionMs: 0 };
-      }
+      return tombstoneOf(raw);
     },
 
     addKeySource(source) {

@@ -37,11 +37,19 @@ export interface RunIndex {
   /** Removes runs from the index. */
   remove(runIds: readonly string[]): Promise<void>;
   /**
-   * Removes up to `batch` entries of runs that ended before `before` (oldest first); returns how
-   * many were removed.
+   * Removes entries of runs that ended before `before.finished`, but of runs that failed only those
+   * that ended before `before.failed`, and none when that is null (failed runs are kept). Looks at
+   * the oldest entries, `batch` at a time, stepping over those it keeps, at most
+   * {@link TRIM_PAGES} batches a call; returns how many were removed.
    */
-  trim(before: number, batch?: number): Promise<number>;
+  trim(before: { finished: number; failed: number | null }, batch?: number): Promise<number>;
 }
+
+/**
+ * The most batches one trim looks at: entries that are kept (runs that have not ended, failed runs
+ * that are kept) are stepped over, so that they do not hold up the trim of the entries after them.
+ */
+export const TRIM_PAGES = 4;
 
 const endField = (runId: string) => `${runId}\nend`;
 
@@ -113,15 +121,26 @@ export function createRunIndex(redis: Redis, keys: Keys): RunIndex {
     },
     async trim(before, batch = 500) {
       // A run ends after it starts: only entries that started before the cut can have ended before it.
-      const ids = await redis.zrangebyscore(index, '-inf', before, 'LIMIT', 0, batch);
-      if (ids.length === 0) return 0;
-      const ends = await redis.hmget(info, ...ids.map(endField));
-      const old = ids.filter((_, i) => {
-        const end = parseEnd(ends[i]);
-        return end !== null && end.at < before;
-      });
-      await this.remove(old);
-      return old.length;
+      const cut =
+        before.failed === null ? before.finished : Math.max(before.finished, before.failed);
+      let removed = 0;
+      // Entries kept are stepped over: the next batch starts after those of this one.
+      for (let offset = 0, pages = 0; pages < TRIM_PAGES; pages++) {
+        const ids = await redis.zrangebyscore(index, '-inf', cut, 'LIMIT', offset, batch);
+        if (ids.length === 0) break;
+        const ends = await redis.hmget(info, ...ids.map(endField));
+        const old = ids.filter((_, i) => {
+          const end = parseEnd(ends[i]);
+          if (end === null) return false;
+          const by = end.status === 'failed' ? before.failed : before.finished;
+          return by !== null && end.at < by;
+        });
+        await this.remove(old);
+        removed += old.length;
+        offset += ids.length - old.length;
+        if (ids.length < batch) break;
+      }
+      return removed;
     },
   };
 }

@@ -43,3 +43,14 @@ export function readMetaField(
 ): Promise<string | null> {
   return redis.hget(keys.runKey(runId, RunKeyKind.Meta), field);
 }
+
+/**
+ * The field of a run's meta hash where `flujo run` records the job module (an absolute path) that
+ * started the run, for the commands it prints.
+ */
+export const RUN_MODULE_FIELD = 'cliModule';
+
+/** The job module recorded for the run (see {@link RUN_MODULE_FIELD}), or null. */
+export function readRunModule(redis: Redis, keys: Keys, runId: string): Promise<string | null> {
+  return readMetaField(redis, keys, runId, RUN_MODULE_FIELD);
+}

@@ -7,7 +7,7 @@ import { RunStatus } from '../machines/types.js';
 import type { RunTrace, TraceAttempt, TraceStep } from '../observability/run-trace.js';
 import { TIMELINE_CSS, TIMELINE_SCRIPT } from '../observability/trace-html.js';
 import type { LedgerEntry } from '../persistence/ledger.js';
-import type { PendingApproval, RunReport, RunUsage } from '../runtime.js';
+import type { PendingApproval, RunReport, RunUsage, StepProgress } from '../runtime.js';
 import type { RunListEntry } from '../worker/run-list.js';
 
 /** Text safe inside an element or a quoted attribute. */
@@ -41,6 +41,9 @@ function time(ms: number | null): string {
   if (ms === null || !Number.isFinite(ms)) return '-';
   return new Date(ms).toISOString().replace('T', ' ').slice(0, 19);
 }
+
+/** A time of day with milliseconds (progress reports come many a second). */
+const clock = (ms: number): string => new Date(ms).toISOString().slice(11, 23);
 
 function duration(ms: number | null): string {
   if (ms === null || !Number.isFinite(ms) || ms < 0) return '-';
@@ -104,6 +107,9 @@ button.reject { background: var(--fail); border-color: var(--fail); color: #fff;
 .notice { padding: 8px 12px; border-radius: 5px; margin: 10px 0; }
 .notice.error { background: #fdecea; border: 1px solid #f1b0ab; color: #8a1f17; }
 .notice.ok { background: #e8f5ec; border: 1px solid #a8d8b6; color: #1d5e33; }
+.notice.idle { background: #fff4e5; border: 1px solid #f0c27b; color: #7a4a06; }
+.notice code { background: #fff; padding: 0 4px; border-radius: 3px; }
+.progress { color: #1e40af; }
 .approval { border: 1px solid #e7c66a; background: #fff9e8; border-radius: 6px;
   padding: 10px 12px; margin-bottom: 8px; }
 .approval form { display: flex; gap: 8px; align-items: end; flex-wrap: wrap; margin-top: 8px; }
@@ -190,6 +196,8 @@ export interface RunView {
   trace: RunTrace;
   ledger: readonly LedgerEntry[];
   usage: RunUsage;
+  /** The job module `flujo run` recorded for the run, or null (read only when work is idle). */
+  module?: string | null;
 }
 
 /** The parts of the run page that change as the run goes on. */
@@ -203,7 +211,7 @@ export interface Part {
   html: string;
 }
 
-function headHtml({ report }: RunView): string {
+function headHtml({ report, module }: RunView): string {
   const s = report.summary;
   const facts = [
     `<span>plan <b>${h(report.planName)}</b></span>`,
@@ -216,13 +224,32 @@ function headHtml({ report }: RunView): string {
   const lines: string[] = [];
   if (s.blockedStep !== null) lines.push(`blocked at step <b>${h(s.blockedStep)}</b>`);
   if (s.reason !== null) lines.push(`reason <b>${h(s.reason)}</b>`);
-  if (report.idle !== null) {
-    lines.push(
-      `no worker has taken step <b>${h(report.idle.stepId)}</b> for ${duration(report.idle.idleMs)}: start one with <span class="mono">flujo worker &lt;job-module&gt;</span>`,
-    );
-  }
   const more = lines.length === 0 ? '' : `<div class="kv">${lines.join(' · ')}</div>`;
-  return `<div class="kv">${facts.join('')}</div>${more}`;
+  return `<div class="kv">${facts.join('')}</div>${more}${idleHtml(report, module ?? null)}`;
+}
+
+/** A word a POSIX shell reads as itself. */
+const shellWord = (word: string): string =>
+  /^[\w@%+=:,./-]+$/.test(word) ? word : `'${word.replace(/'/g, `'\\''`)}'`;
+
+/**
+ * The notice that due work waits for a worker, with the commands that take it up (as `flujo
+ * status` says it): with the job module the run recorded, else a placeholder.
+ */
+function idleHtml(report: RunReport, module: string | null): string {
+  if (report.idle === null) return '';
+  const { stepId, idleMs } = report.idle;
+  const job = module === null ? '<job-module>' : shellWord(module);
+  const note =
+    module === null
+      ? ' (&lt;job-module&gt; stands for the path of the job module that started the run, which the run does not record)'
+      : '';
+  return `<p class="notice idle" id="idle" role="status" data-step="${h(stepId)}">No worker has taken step <b>${h(stepId)}</b> for ${duration(idleMs)}: start one with <code class="mono">${h(`flujo worker ${job}`)}</code> (same --redis and --prefix as this view), or continue the run with <code class="mono">${h(`flujo resume ${shellWord(report.runId)} ${job}`)}</code>${note}.</p>`;
+}
+
+/** An operator's latest `ctx.progress` report, as the page's script also draws it. */
+function progressHtml(stepId: string, p: StepProgress): string {
+  return `<div class="progress" data-progress="${h(stepId)}" data-at="${p.at}">progress <span class="mono">${h(preview(p.info))}</span> <span class="small">attempt ${p.attempt} · ${clock(p.at)}</span></div>`;
 }
 
 function approvalHtml(runId: string, a: PendingApproval): string {
@@ -281,10 +308,9 @@ function stepsHtml({ report, trace }: RunView): string {
     if (s.retryAt !== null) detail.push(`retry at ${time(s.retryAt)}`);
     if (s.cachedFrom !== null) detail.push(`from the cache of run ${h(s.cachedFrom.runId)}`);
     const progress = report.progress[s.stepId];
-    if (progress !== undefined && s.status === 'RUNNING') {
-      detail.push(`progress <span class="mono">${h(preview(progress.info))}</span>`);
-    }
-    return `<tr data-step-row="${h(s.stepId)}"><td><b>${h(s.stepId)}</b></td><td>${h(t?.kind ?? '')}</td><td class="status">${badge(s.status)}</td><td>${attempts}</td><td>${detail.join('<br>')}</td></tr>`;
+    const shown =
+      progress !== undefined && s.status === 'RUNNING' ? progressHtml(s.stepId, progress) : '';
+    return `<tr data-step-row="${h(s.stepId)}"><td><b>${h(s.stepId)}</b></td><td>${h(t?.kind ?? '')}</td><td class="status">${badge(s.status)}</td><td>${attempts}</td><td class="detail">${detail.join('<br>')}${shown}</td></tr>`;
   });
   return `<table class="grid steps"><thead><tr><th>Step</th><th>Kind</th><th>Status</th><th>Attempts</th><th>Detail</th></tr></thead>
 <tbody>${rows.join('\n')}</tbody></table>`;
@@ -347,7 +373,9 @@ export interface Notice {
 
 // The run page's script: draws the timeline with the trace page's own drawing code, follows the
 // run's events (server-sent) and, after each burst of events, reloads the page's data and
-// replaces the parts whose hash changed (keeping what a person typed into a form).
+// replaces the parts whose hash changed (keeping what a person typed into a form). Operators'
+// progress reports come on the same connection and are drawn in place (the latest per step, also
+// over a reloaded steps part that read an older one); an idle notice reloads the data.
 const PAGE_SCRIPT = `
 (function () {
   var cfg = JSON.parse(document.getElementById('page').textContent);
@@ -376,6 +404,49 @@ const PAGE_SCRIPT = `
       var k = (i.form ? i.form.getAttribute('action') : '') + ' ' + i.name;
       if (i.type !== 'hidden' && kept[k] !== undefined) i.value = kept[k];
     });
+    if (el.id === 'part-steps') Object.keys(latest).forEach(function (id) { showProgress(latest[id]); });
+  }
+  // The latest progress heard per step: { stepId, attempt, info, at }.
+  var latest = Object.create(null);
+  function stepRow(stepId) {
+    var rows = document.querySelectorAll('[data-step-row]');
+    for (var i = 0; i < rows.length; i++) {
+      if (rows[i].getAttribute('data-step-row') === stepId) return rows[i];
+    }
+    return null;
+  }
+  function previewText(value) {
+    var text = typeof value === 'string' ? value : JSON.stringify(value);
+    return text.length > 160 ? text.slice(0, 159) + '…' : text;
+  }
+  function span(cls, text) {
+    var s = document.createElement('span');
+    s.className = cls;
+    s.textContent = text;
+    return s;
+  }
+  function showProgress(p) {
+    var row = stepRow(p.stepId);
+    if (row === null) return;
+    var status = row.querySelector('.status').textContent.trim();
+    // Shown while the step runs, as the server draws it; a step the page still shows READY has
+    // been taken by a worker: the data is reloaded to say so, and the reloaded row draws it.
+    if (status === 'READY') schedule();
+    if (status !== 'RUNNING') return;
+    var el = row.querySelector('.progress');
+    if (el !== null && Number(el.getAttribute('data-at')) > p.at) return;
+    if (el === null) {
+      el = document.createElement('div');
+      el.className = 'progress';
+      el.setAttribute('data-progress', p.stepId);
+      row.querySelector('td.detail').appendChild(el);
+    }
+    el.setAttribute('data-at', String(p.at));
+    el.textContent = 'progress ';
+    el.appendChild(span('mono', previewText(p.info)));
+    el.appendChild(document.createTextNode(' '));
+    var at = new Date(p.at).toISOString().slice(11, 23);
+    el.appendChild(span('small', 'attempt ' + p.attempt + ' · ' + at));
   }
   function refresh() {
     if (loading) { again = true; return; }
@@ -409,6 +480,14 @@ const PAGE_SCRIPT = `
     live.className = 'live on';
     schedule();
   });
+  source.addEventListener('progress', function (ev) {
+    var p = JSON.parse(ev.data);
+    var seen = latest[p.stepId];
+    if (seen !== undefined && seen.at > p.at) return;
+    latest[p.stepId] = p;
+    showProgress(p);
+  });
+  source.addEventListener('idle', function () { schedule(); });
   source.addEventListener('gone', function (ev) {
     source.close();
     live.textContent = JSON.parse(ev.data).message;

@@ -8,8 +8,15 @@ import type { AddressInfo } from 'node:net';
 import { isFlujoError } from '../errors.js';
 import { renderTraceHtml } from '../observability/trace-html.js';
 import { isRunId } from '../persistence/keys.js';
+import { readRunModule } from '../persistence/run-lookups.js';
 import type { RunStatus } from '../machines/types.js';
-import type { DecisionInput, Runtime } from '../runtime.js';
+import {
+  IDLE_WORK_MS,
+  runtimeCore,
+  type DecisionInput,
+  type RunReport,
+  type Runtime,
+} from '../runtime.js';
 import type { RunListFilter } from '../worker/run-list.js';
 import {
   renderListPage,
@@ -44,6 +51,34 @@ export interface UiServer {
 const MAX_FORM_BYTES = 64 * 1024;
 const LOOPBACK = new Set(['127.0.0.1', 'localhost', '::1', '[::1]']);
 const STREAM_ID = /^\d+-\d+$/;
+/** The longest a run page's stream waits before it looks again for idle work. */
+const MAX_IDLE_CHECK_MS = 60_000;
+
+/** One server-sent event. `data` is one line of JSON (JSON.stringify never writes a newline). */
+const sse = (event: string, data: string, id?: string): string =>
+  `${id === undefined ? '' : `id: ${id}\n`}event: ${event}\ndata: ${data}\n\n`;
+
+/**
+ * How long to wait before looking again whether the run's due work waits for a worker: until the
+ * soonest due step would count as idle, else {@link IDLE_WORK_MS}; null when the run is not
+ * running (nothing is due until an event says otherwise).
+ */
+function nextIdleCheck(report: RunReport, now: number): number | null {
+  if (report.status !== 'running') return null;
+  if (report.idle !== null) return IDLE_WORK_MS;
+  let soonest = Infinity;
+  for (const s of report.steps) {
+    const due =
+      s.status === 'READY'
+        ? s.updatedAt
+        : s.status === 'FAILED_RETRYABLE' && s.retryAt !== null
+          ? s.retryAt
+          : null;
+    if (due !== null) soonest = Math.min(soonest, due + IDLE_WORK_MS - now);
+  }
+  if (soonest === Infinity) return IDLE_WORK_MS;
+  return Math.min(MAX_IDLE_CHECK_MS, Math.max(250, soonest + 50));
+}
 
 /** An answer to a request that is not what the view serves. */
 class HttpError extends Error {
@@ -114,12 +149,15 @@ export async function startUi(runtime: Runtime, options: UiOptions = {}): Promis
   async function view(runId: string): Promise<RunView> {
     // The status first: an unknown run is refused as such before anything else is read.
     const report = await runtime.status(runId);
-    const [trace, ledger, usage] = await Promise.all([
+    const core = runtimeCore(runtime);
+    const [trace, ledger, usage, module] = await Promise.all([
       runtime.trace(runId),
       runtime.ledger(runId),
       runtime.usage(runId),
+      // Named in the notice of due work that waits for a worker, only then read.
+      report.idle === null ? null : readRunModule(core.redis, core.keys, runId),
     ]);
-    return { report, trace, ledger, usage };
+    return { report, trace, ledger, usage, module };
   }
 
   function runIdOf(raw: string): string {
@@ -162,10 +200,33 @@ export async function startUi(runtime: Runtime, options: UiOptions = {}): Promis
     send(res, 200, body, 'application/json; charset=utf-8');
   }
 
-  /** Server-sent events: one `run` event per event of the run, from its start or `Last-Event-ID`. */
+  /**
+   * Server-sent events of a run page: one `run` event per event of the run, from its start or
+   * `Last-Event-ID`; a `progress` event per `ctx.progress` report (first the latest of each step,
+   * then each one as it is published; never in the run's history, so without an id); and an
+   * `idle` event when due work waits for a worker (see `RunReport.idle`) or stopped waiting.
+   */
   async function runEvents(runId: string, req: IncomingMessage, res: ServerResponse) {
-    // Refused before the stream opens: an unknown run gets its 404 page.
-    await runtime.status(runId);
+    const core = runtimeCore(runtime);
+    // Late writers (a progress report, an idle check) may outlive the stream: never after its end.
+    const put = (text: string) => {
+      if (!res.writableEnded && !res.destroyed) res.write(text);
+    };
+    // Subscribed before the latest progress is read, so that no report falls between the two;
+    // reports that come before the stream opens wait in `early`.
+    let early: string[] | null = [];
+    const unsubscribe = await core.subscribeProgress(runId, (message) => {
+      if (early === null) put(sse('progress', message));
+      else early.push(message);
+    });
+    let report: RunReport;
+    try {
+      // Refused before the stream opens: an unknown run gets its 404 page.
+      report = await runtime.status(runId);
+    } catch (error) {
+      unsubscribe();
+      throw error;
+    }
     const last = req.headers['last-event-id'];
     let after = typeof last === 'string' && STREAM_ID.test(last) ? last : undefined;
     const stop = new AbortController();
@@ -177,8 +238,36 @@ export async function startUi(runtime: Runtime, options: UiOptions = {}): Promis
       connection: 'keep-alive',
     });
     res.write('retry: 1000\n\n');
+    for (const [stepId, p] of Object.entries(report.progress)) {
+      put(sse('progress', JSON.stringify({ runId, stepId, ...p })));
+    }
+    for (const message of early) put(sse('progress', message));
+    early = null;
     // Keeps proxies and idle timeouts from closing a quiet stream.
-    const beat = setInterval(() => res.write(': still here\n\n'), 15_000);
+    const beat = setInterval(() => put(': still here\n\n'), 15_000);
+    // Idle work: one status read when due work could have waited IDLE_WORK_MS for a worker, and
+    // none while events come (each re-arms the check). `idle` goes out while work waits, and once
+    // more when it stopped waiting without an event (a worker took it), so the page redraws.
+    let idleTimer: NodeJS.Timeout | undefined;
+    let toldIdle = report.idle !== null;
+    const arm = (ms: number | null) => {
+      clearTimeout(idleTimer);
+      if (ms === null || stop.signal.aborted) return;
+      idleTimer = setTimeout(() => {
+        runtime.status(runId).then(
+          (now) => {
+            if (stop.signal.aborted) return;
+            if (now.idle !== null || toldIdle) {
+              put(sse('idle', JSON.stringify({ runId, idle: now.idle })));
+            }
+            toldIdle = now.idle !== null;
+            arm(nextIdleCheck(now, core.clock()));
+          },
+          () => arm(IDLE_WORK_MS),
+        );
+      }, ms);
+    };
+    arm(nextIdleCheck(report, core.clock()));
     try {
       // A run's stream ends with its run.finished event; a resumed run goes on, so read on.
       while (!stop.signal.aborted) {
@@ -188,9 +277,10 @@ export async function startUi(runtime: Runtime, options: UiOptions = {}): Promis
           signal: stop.signal,
           ...(after === undefined ? {} : { after }),
         })) {
-          res.write(`id: ${e.id}\nevent: run\ndata: ${JSON.stringify({ type: e.type })}\n\n`);
+          put(sse('run', JSON.stringify({ type: e.type }), e.id));
           after = e.id;
           read++;
+          arm(IDLE_WORK_MS + 50);
         }
         if (read === 0 && !stop.signal.aborted) await new Promise((r) => setTimeout(r, 250));
       }
@@ -200,10 +290,13 @@ export async function startUi(runtime: Runtime, options: UiOptions = {}): Promis
           isFlujoError(error) && error.code === 'run_not_found'
             ? 'the run is gone'
             : 'lost the run’s events; reload the page';
-        res.write(`event: gone\ndata: ${JSON.stringify({ message })}\n\n`);
+        put(sse('gone', JSON.stringify({ message })));
       }
     } finally {
+      stop.abort();
       clearInterval(beat);
+      clearTimeout(idleTimer);
+      unsubscribe();
       streams.delete(stop);
       res.end();
     }

@@ -101,17 +101,25 @@ export function checkRunListFilter(filter: RunListFilter): Checked {
 /**
  * The runs of the runtime's prefix, newest first, as `filter` asks. A run that ended is shown from
  * the index (and one read that says it still exists); a run that has not ended (by the index) is
- * read, so its status is the current one. Entries of runs that no longer exist are removed on the way; with `finishedRunsMs`, entries
- * of runs that ended longer ago than that are trimmed first.
+ * read, so its status is the current one. Entries of runs that no longer exist are removed on the
+ * way; with `finishedRunsMs`, entries of runs that ended longer ago than that are trimmed first,
+ * but those of failed runs only once they failed longer ago than `failedRunsMs` (the runtime's
+ * `retention.failedRunsMs`), and never when it is null: failed runs are kept.
  */
 export async function listRuns(
   core: RuntimeCore,
   filter: RunListFilter,
   finishedRunsMs: number | undefined,
+  failedRunsMs: number | null = core.retention.failedRunsMs,
 ): Promise<RunListEntry[]> {
   const { statuses, since, until, limit } = checkRunListFilter(filter);
   const now = core.clock();
-  if (finishedRunsMs !== undefined) await core.runs.trim(now - finishedRunsMs);
+  if (finishedRunsMs !== undefined) {
+    await core.runs.trim({
+      finished: now - finishedRunsMs,
+      failed: failedRunsMs === null ? null : now - failedRunsMs,
+    });
+  }
   const out: RunListEntry[] = [];
   const batch = Math.max(50, limit * 2);
   for (let offset = 0; out.length < limit;) {

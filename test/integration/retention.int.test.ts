@@ -1,8 +1,9 @@
 /**
  * Retention: a finished run's keys (snapshot, events, outputs, ledger, journal, history, blobs,
  * meta, counters, fingerprints, usage, request key) all expire; a run that waits or goes on keeps
- * them; a removed run is reported as removed, not unknown. On the scripted model server (an agent
- * step writes every kind of key) and a real Redis.
+ * them, and so does a failed run unless `failedRunsMs` is set; a removed run is reported as
+ * removed, not unknown. On the scripted model server (an agent step writes every kind of key) and a
+ * real Redis.
  */
 import { randomUUID } from 'node:crypto';
 import type { Redis } from 'ioredis';
@@ -16,6 +17,7 @@ import {
   RunNotFoundError,
   RunRemovedError,
   type FlujoWorker,
+  type RetentionOptions,
   type PlanInput,
   type Runtime,
 } from '../../src/index.js';
@@ -48,7 +50,7 @@ const fetchPage = defineTool({
   run: ({ url }) => ({ url, body: `<p>${'y'.repeat(30_000)}</p>` }),
 });
 
-function start(): void {
+function start(retention: RetentionOptions = { finishedRunsMs: RETENTION_MS }): void {
   const agent = defineAgent({
     name: 'researcher',
     model: 'gpt-4o-mini',
@@ -61,7 +63,7 @@ function start(): void {
   runtime = createRuntime({
     redis: redisUrl(),
     prefix,
-    retention: { finishedRunsMs: RETENTION_MS },
+    retention,
     pricing: { models: { 'gpt-4o-mini': { inputPerMillion: 0.15, outputPerMillion: 0.6 } } },
   })
     .agent(agent)
@@ -69,6 +71,12 @@ function start(): void {
       if (failFirst.delete(stepId)) throw new Error('not yet');
       return { done: stepId };
     });
+}
+
+/** The runtime again, with these retention options (before any worker is started). */
+async function restart(retention: RetentionOptions): Promise<void> {
+  await runtime.close();
+  start(retention);
 }
 
 async function startWorker(): Promise<FlujoWorker> {
@@ -250,29 +258,148 @@ describe('retention of finished runs', () => {
     expect(Object.values(after).every((ttl) => ttl > 0)).toBe(true);
   });
 
-  it('a failed run that is resumed keeps its keys again until it finishes', async () => {
-    const first = await startWorker();
+  /** Fails the run (its last step) and waits until the worker that failed it is done with it. */
+  async function failedRun(): Promise<{ runId: string; settled: () => Promise<string> }> {
     scriptAgent();
     failFirst.add('after');
     const run = await runtime.start(agentPlan(), 'Go.');
     expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('failed');
-    const snap = runtimeCore(runtime).keys.snap(run.runId);
-    await until(async () => (await redis.pttl(snap)) > 0);
-    // No worker while the keys are looked at: the resumed run cannot finish meanwhile.
+    // It leaves the active runs (after its expiry, if it gets one), as a finished run does.
+    await until(
+      async () => (await redis.sismember(runtimeCore(runtime).keys.activeRuns(), run.runId)) === 0,
+    );
+    return {
+      runId: run.runId,
+      settled: async () => (await run.settled({ timeoutMs: 10_000 })).status,
+    };
+  }
+
+  it('a failed run keeps every key by default and stays listed; resumed, it gets the expiry once it succeeds', async () => {
+    const first = await startWorker();
+    const run = await failedRun();
+    const { keys } = runtimeCore(runtime);
+    // No worker while the keys are looked at: nothing else happens to the run meanwhile.
     await first.close();
+    const failed = await ttls(await keysOf(run.runId));
+    expect(Object.keys(failed).length).toBeGreaterThan(8);
+    expect(failed).not.toHaveProperty(keys.removed(run.runId).slice(prefix.length));
+    // Blobs have the expiry of blobs (days); nothing else has any.
+    for (const [key, ttl] of Object.entries(failed)) {
+      if (key.includes(':blob')) expect(ttl).toBeGreaterThan(60_000);
+      else expect([key, ttl]).toEqual([key, -1]);
+    }
+    expect(await redis.pttl(keys.runUsage('default', run.runId))).toBe(-1);
+    expect((await runtime.list()).map((r) => [r.runId, r.status])).toEqual([[run.runId, 'failed']]);
+    // Still listed as active (a worker died right after the commit that failed it): a worker start
+    // takes it off the active runs, and gives it no expiry either.
+    await redis.sadd(keys.activeRuns(), run.runId);
+    await startWorker();
+    expect(await redis.sismember(keys.activeRuns(), run.runId)).toBe(0);
+    expect(await redis.pttl(keys.snap(run.runId))).toBe(-1);
+    expect(await redis.exists(keys.removed(run.runId))).toBe(0);
+    await workers.pop()!.close();
 
     await runtime.resume(run.runId, { by: 'ana' });
     const kept = await ttls(await keysOf(run.runId));
-    expect(kept).not.toHaveProperty(
-      runtimeCore(runtime).keys.removed(run.runId).slice(prefix.length),
-    );
+    expect(kept).not.toHaveProperty(keys.removed(run.runId).slice(prefix.length));
     // Blobs keep the expiry blobs have while their run goes on; everything else has none.
     for (const [key, ttl] of Object.entries(kept)) {
       if (!key.includes(':blob')) expect([key, ttl]).toEqual([key, -1]);
     }
     await startWorker();
-    expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
-    await until(async () => (await redis.pttl(snap)) > 0);
+    expect(await run.settled()).toBe('succeeded');
+    await until(async () => (await redis.exists(keys.removed(run.runId))) === 1);
+    // The expiry of finished runs, on every key.
+    const finished = await ttls(await keysOf(run.runId));
+    for (const [key, ttl] of Object.entries(finished)) {
+      if (key.endsWith(':removed')) expect(ttl).toBeGreaterThan(RETENTION_MS);
+      else expect([key, ttl > 0 && ttl <= RETENTION_MS]).toEqual([key, true]);
+    }
+  });
+
+  it('a failed run that is cancelled ends cancelled and gets the expiry of finished runs', async () => {
+    const first = await startWorker();
+    const run = await failedRun();
+    const { keys } = runtimeCore(runtime);
+    expect(await redis.pttl(keys.snap(run.runId))).toBe(-1);
+    const report = await runtime.cancel(run.runId, { by: 'ana', reason: 'not needed' });
+    expect(report.status).toBe('cancelled');
+    await first.close();
+    await until(async () => (await redis.exists(keys.removed(run.runId))) === 1);
+    const cancelled = await ttls(await keysOf(run.runId));
+    expect(Object.keys(cancelled).length).toBeGreaterThan(8);
+    for (const [key, ttl] of Object.entries(cancelled)) {
+      if (key.endsWith(':removed')) expect(ttl).toBeGreaterThan(RETENTION_MS);
+      else expect([key, ttl > 0 && ttl <= RETENTION_MS]).toEqual([key, true]);
+    }
+    expect((await runtime.list()).map((r) => [r.runId, r.status])).toEqual([
+      [run.runId, 'cancelled'],
+    ]);
+    // A second cancel changes nothing.
+    const version = await redis.hget(keys.snap(run.runId), 'v');
+    expect((await runtime.cancel(run.runId, { by: 'bo' })).status).toBe('cancelled');
+    expect(await redis.hget(keys.snap(run.runId), 'v')).toBe(version);
+  });
+
+  it('with failedRunsMs, a failed run gets that expiry; resumed and cancelled, it gets that of finished runs', async () => {
+    const FAILED_MS = 60_000;
+    await restart({ finishedRunsMs: RETENTION_MS, failedRunsMs: FAILED_MS });
+    const first = await startWorker();
+    const run = await failedRun();
+    const { keys } = runtimeCore(runtime);
+    await first.close();
+    const failed = await ttls(await keysOf(run.runId));
+    expect(Object.keys(failed).length).toBeGreaterThan(8);
+    for (const [key, ttl] of Object.entries(failed)) {
+      if (key.endsWith(':removed')) expect(ttl).toBeGreaterThan(FAILED_MS);
+      else expect([key, ttl > RETENTION_MS && ttl <= FAILED_MS]).toEqual([key, true]);
+    }
+    expect(JSON.parse((await redis.get(keys.removed(run.runId)))!)).toMatchObject({
+      retentionMs: FAILED_MS,
+      failed: true,
+    });
+    expect((await runtime.list()).map((r) => r.runId)).toEqual([run.runId]);
+
+    // Resumed (no worker: it goes on no further), it keeps its keys again.
+    await runtime.resume(run.runId, { by: 'ana' });
+    expect(await redis.pttl(keys.snap(run.runId))).toBe(-1);
+    expect(await redis.exists(keys.removed(run.runId))).toBe(0);
+    // As if the resume had died before it took the expiry back: the failed run's tombstone is left.
+    await redis.set(
+      keys.removed(run.runId),
+      JSON.stringify({ finishedAt: Date.now(), retentionMs: FAILED_MS, failed: true }),
+    );
+    expect((await runtime.cancel(run.runId, { by: 'ana' })).status).toBe('cancelled');
+    await until(
+      async () =>
+        !(JSON.parse((await redis.get(keys.removed(run.runId))) ?? '{}') as { failed?: boolean })
+          .failed,
+    );
+    const cancelled = await ttls(await keysOf(run.runId));
+    for (const [key, ttl] of Object.entries(cancelled)) {
+      if (key.endsWith(':removed')) expect(ttl).toBeGreaterThan(RETENTION_MS);
+      else expect([key, ttl > 0 && ttl <= RETENTION_MS]).toEqual([key, true]);
+    }
+    expect(JSON.parse((await redis.get(keys.removed(run.runId)))!)).toMatchObject({
+      retentionMs: RETENTION_MS,
+      failed: false,
+    });
+  });
+
+  it('a failed run removed by failedRunsMs is reported as such, and leaves the run list', async () => {
+    await restart({ finishedRunsMs: RETENTION_MS, failedRunsMs: 500 });
+    await startWorker();
+    const run = await failedRun();
+    const { keys } = runtimeCore(runtime);
+    await until(async () => (await redis.exists(keys.snap(run.runId))) === 0);
+    const status = runtime.status(run.runId);
+    await expect(status).rejects.toBeInstanceOf(RunRemovedError);
+    await expect(runtime.status(run.runId)).rejects.toThrow(
+      /it failed at .* failed runs are kept 500 ms \(retention\.failedRunsMs\)/,
+    );
+    await expect(runtime.status(run.runId)).rejects.toMatchObject({ failed: true });
+    expect(await runtime.list()).toEqual([]);
+    expect(await redis.zscore(keys.runIndex(), run.runId)).toBeNull();
   });
 
   it('a worker that died between the final commit and the expiry: the next worker start heals it', async () => {
@@ -295,8 +422,8 @@ describe('retention of finished runs', () => {
     expect(await redis.sismember(runtimeCore(runtime).keys.activeRuns(), run.runId)).toBe(0);
   });
 
-  it('refuses a retention that is not a positive number of ms, naming the field, before connecting', () => {
-    for (const retention of [{ finishedRunsMs: -1 }, { finishedRunsMs: 'week' }, 7, null]) {
+  it('refuses a retention that is not a positive number of ms, naming the field, before connecting', async () => {
+    const refused = (retention: unknown): InputValidationError => {
       let error: unknown;
       try {
         createRuntime({ redis: redisUrl(), prefix, retention: retention as never });
@@ -305,12 +432,28 @@ describe('retention of finished runs', () => {
       }
       expect(error).toBeInstanceOf(InputValidationError);
       expect((error as Error).message).toMatch(/retention/);
-      expect(JSON.stringify((error as InputValidationError).issues)).toMatch(
-        typeof retention === 'object' && retention !== null
-          ? /retention\.finishedRunsMs/
-          : /"retention"/,
-      );
+      return error as InputValidationError;
+    };
+    const paths = (error: InputValidationError) => error.issues.map((i) => i.path);
+    for (const retention of [{ finishedRunsMs: -1 }, { finishedRunsMs: 'week' }]) {
+      expect(paths(refused(retention))).toEqual(['retention.finishedRunsMs']);
     }
+    for (const retention of [7, null]) expect(paths(refused(retention))).toEqual(['retention']);
+    for (const failedRunsMs of [0, -5, 'month', null, Infinity, Number.NaN]) {
+      const error = refused({ finishedRunsMs: RETENTION_MS, failedRunsMs });
+      expect(paths(error)).toEqual(['retention.failedRunsMs']);
+      // The fix is named: a number of ms, or leaving it out.
+      expect(error.message).toMatch(/retention\.failedRunsMs.*milliseconds.*left out/);
+    }
+    expect(paths(refused({ finishedRunsMs: 0, failedRunsMs: 'month' }))).toEqual([
+      'retention.finishedRunsMs',
+      'retention.failedRunsMs',
+    ]);
+    // Accepted: absent (kept), or a number of ms.
+    for (const retention of [{ failedRunsMs: 1 }, { finishedRunsMs: 1000, failedRunsMs: 2.5 }]) {
+      await createRuntime({ redis: redisUrl(), prefix, retention }).close();
+    }
+    expect(runtimeCore(runtime).retention.failedRunsMs).toBeNull();
     // Queue job records are bounded by age as well as by count.
     expect(runtimeCore(runtime).queue.defaultJobOptions.removeOnComplete).toMatchObject({
       age: expect.any(Number) as number,

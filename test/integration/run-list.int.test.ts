@@ -1,7 +1,8 @@
 /**
  * `runtime.list(filter)`: runs newest first with plan, tenant, status, start, duration and the step
  * that waits; filters; entries of runs that no longer exist are skipped and removed; finished runs
- * older than `retention.finishedRunsMs` are trimmed; a bad filter is refused before any read.
+ * older than `retention.finishedRunsMs` are trimmed, failed ones only with `failedRunsMs`; a bad
+ * filter is refused before any read.
  */
 import { randomUUID } from 'node:crypto';
 import type { Redis } from 'ioredis';
@@ -14,6 +15,8 @@ import {
   type Runtime,
 } from '../../src/index.js';
 import { connect, deleteRuntimeKeys, readPrefix, redisUrl } from '../helpers/redis.js';
+import { createKeys } from '../../src/persistence/keys.js';
+import { createRunIndex } from '../../src/persistence/run-index.js';
 
 let prefix: string;
 let redis: Redis;
@@ -34,12 +37,12 @@ const gated: PlanInput = {
   ],
 };
 
-function runtime(options: { finishedRunsMs?: number } = {}): Runtime {
+function runtime(options: { finishedRunsMs?: number; failedRunsMs?: number } = {}): Runtime {
   return createRuntime({
     redis: redisUrl(),
     prefix,
     clock,
-    ...(options.finishedRunsMs === undefined ? {} : { retention: options }),
+    ...(Object.keys(options).length === 0 ? {} : { retention: options }),
     operators: {
       ok: () => ({ ok: true }),
       bad: () => {
@@ -131,15 +134,47 @@ describe('runtime.list', () => {
     expect((await rt.list()).map((r) => r.runId)).toEqual([running, waiting, bad]);
     expect(await redis.zscore(`{${prefix}:runs}:index`, ok!)).toBeNull();
 
+    // The failed run ended more than 30 s ago (by the clock); the others have not ended. A failed
+    // run is kept (its keys have no expiry): so is its entry.
     const kept = runtime({ finishedRunsMs: 30_000 });
     try {
-      // The failed run ended more than 30 s ago (by the clock); the others have not ended.
-      expect((await kept.list()).map((r) => r.runId)).toEqual([running, waiting]);
-      expect(await redis.zcard(`{${prefix}:runs}:index`)).toBe(2);
-      expect(await redis.hexists(`{${prefix}:runs}:info`, bad!)).toBe(0);
+      expect((await kept.list()).map((r) => r.runId)).toEqual([running, waiting, bad]);
+      expect(await redis.zcard(`{${prefix}:runs}:index`)).toBe(3);
     } finally {
       await kept.close();
     }
+    const trimmed = runtime({ finishedRunsMs: 30_000, failedRunsMs: 30_000 });
+    try {
+      expect((await trimmed.list()).map((r) => r.runId)).toEqual([running, waiting]);
+      expect(await redis.zcard(`{${prefix}:runs}:index`)).toBe(2);
+      expect(await redis.hexists(`{${prefix}:runs}:info`, bad!)).toBe(0);
+    } finally {
+      await trimmed.close();
+    }
+  });
+
+  it('a trim steps over the entries it keeps (runs not ended, failed runs kept) to those after them', async () => {
+    const index = createRunIndex(redis, createKeys(prefix));
+    // Oldest first; all but `late` ended before the cut (1000).
+    const entries: [string, string | null][] = [
+      ['failedA', 'failed'],
+      ['open', null],
+      ['failedB', 'failed'],
+      ['done', 'succeeded'],
+      ['stopped', 'cancelled'],
+      ['late', 'succeeded'],
+    ];
+    for (const [i, [runId, status]] of entries.entries()) {
+      await index.add({ runId, planName: 'p', tenantId: 't', createdAt: i + 1 });
+      if (status !== null) await index.ended(runId, status, runId === 'late' ? 5000 : 100);
+    }
+    const ids = async () => (await index.page(-Infinity, Infinity, 0, 10)).map((e) => e.runId);
+    // Batches of two: the first holds only entries it keeps.
+    expect(await index.trim({ finished: 1000, failed: null }, 2)).toBe(2);
+    expect(await ids()).toEqual(['late', 'failedB', 'open', 'failedA']);
+    expect(await index.trim({ finished: 1000, failed: 50 }, 2)).toBe(0);
+    expect(await index.trim({ finished: 1000, failed: 1000 }, 2)).toBe(2);
+    expect(await ids()).toEqual(['late', 'open']);
   });
 
   it('a starting worker lists the unfinished runs the index does not have', async () => {

@@ -1,7 +1,8 @@
 /**
  * The web view (`startUi`, `flujo ui`) against real Redis, driven in headless chromium: the run
  * list and its filters, a run page that follows a run live, approving and a refused approval from
- * the page, escaping, 404s and refused cross-site posts; and the built command's life cycle.
+ * the page, escaping, 404s and refused cross-site posts; operators' progress shown live and the
+ * notice that due work waits for a worker; and the built command's life cycle.
  * Screenshots go to test-results/ui/; with FLUJO_DOCS_IMAGES=1 the README's images in docs/images/
  * are written from the same pages.
  */
@@ -23,6 +24,8 @@ import {
   type UiServer,
 } from '../../src/index.js';
 import { main } from '../../src/cli/main.js';
+import { RUN_MODULE_FIELD, writeMetaField } from '../../src/persistence/run-lookups.js';
+import { runtimeCore } from '../../src/runtime.js';
 import { silentLogger } from '../../src/logging.js';
 import { launchChromium } from '../helpers/chromium.js';
 import { root, startFlujo } from '../helpers/cli.js';
@@ -54,6 +57,10 @@ const publishPlan: PlanInput = {
     { id: 'summarize', kind: 'agent', agent: 'writer', dependsOn: ['review'], maxTurns: 4 },
   ],
 };
+const tickPlan: PlanInput = {
+  name: 'ticks',
+  steps: [{ id: 'count', kind: 'operator', operator: 'tick' }],
+};
 const pricing = { models: { 'gpt-test': { inputPerMillion: 2.5, outputPerMillion: 10 } } };
 
 let browser: Browser;
@@ -66,6 +73,8 @@ let calls: { draft: number; boom: number; fetch: number };
 let release: () => void;
 let held: Promise<void>;
 let boomMessage: string;
+/** The tick operator: how many of its pauses it reached, and what lets it go on from the latest. */
+let ticking: { at: number; next: () => void; over: boolean };
 
 beforeAll(async () => {
   browser = await launchChromium();
@@ -79,6 +88,12 @@ beforeEach(async () => {
   prefix = `t-${randomUUID().slice(0, 8)}`;
   calls = { draft: 0, boom: 0, fetch: 0 };
   boomMessage = 'the source said no';
+  ticking = { at: 0, next: () => {}, over: false };
+  const pause = async () => {
+    if (ticking.over) return;
+    ticking.at += 1;
+    await new Promise<void>((resolve) => (ticking.next = resolve));
+  };
   held = new Promise((resolve) => (release = resolve));
   const search = defineTool({
     name: 'search',
@@ -111,6 +126,17 @@ beforeEach(async () => {
         await held;
         return { rows: 3 };
       },
+      tick: async ({ progress }) => {
+        await pause();
+        progress({ done: 1, of: 3 });
+        await pause();
+        progress({ done: 2, of: 3 });
+        await pause();
+        // A burst: only the latest counts.
+        for (const note of ['a', 'b', 'c', 'last']) progress({ done: 3, of: 3, note });
+        await pause();
+        return { counted: 3 };
+      },
     },
   }).agent(writer);
   worker = runtime.createWorker({ concurrency: 2 });
@@ -119,6 +145,8 @@ beforeEach(async () => {
 });
 afterEach(async () => {
   release();
+  ticking.over = true;
+  ticking.next();
   await ui.close();
   await worker.close();
   await runtime.close();
@@ -331,6 +359,107 @@ describe('a run page', () => {
     expect(report.steps.find((s) => s.stepId === 'review')?.rejection?.by).toBe('ana');
     expect(model.requests).toHaveLength(0);
     await expect.poll(() => page.locator('#run-status').innerText()).toContain('failed');
+    await page.close();
+    expect(errors).toEqual([]);
+  });
+
+  it('shows the progress an operator reports live, the latest only, without a reload', async () => {
+    const run = await runtime.start(tickPlan, null);
+    await expect.poll(() => ticking.at).toBe(1);
+    const { page, errors } = await openPage(`/runs/${run.runId}`);
+    let loads = 0;
+    page.on('load', () => (loads += 1));
+    await page.evaluate(() => ((globalThis as unknown as { mark: number }).mark = 7));
+    await expect.poll(() => page.locator('#live').innerText()).toContain('live');
+    const progress = page.locator('[data-step-row="count"] [data-progress="count"]');
+    expect(await progress.count()).toBe(0);
+
+    ticking.next();
+    await expect.poll(() => ticking.at).toBe(2);
+    await expect.poll(() => progress.count()).toBe(1);
+    await expect.poll(() => progress.locator('.mono').innerText()).toBe('{"done":1,"of":3}');
+    expect(await progress.innerText()).toContain('attempt 1');
+    expect(await page.locator('[data-step-row="count"] .status').innerText()).toBe('RUNNING');
+
+    ticking.next();
+    await expect.poll(() => ticking.at).toBe(3);
+    await expect.poll(() => progress.locator('.mono').innerText()).toBe('{"done":2,"of":3}');
+
+    ticking.next();
+    await expect.poll(() => ticking.at).toBe(4);
+    await expect
+      .poll(() => progress.locator('.mono').innerText())
+      .toBe('{"done":3,"of":3,"note":"last"}');
+    // Settled on the latest: nothing older comes after it.
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    expect(await progress.locator('.mono').innerText()).toBe('{"done":3,"of":3,"note":"last"}');
+    expect(await progress.count()).toBe(1);
+    await page.screenshot({ path: join(OUT, 'run-progress.png'), fullPage: true });
+    // Progress is not history: the run's events hold none of it.
+    const types: string[] = [];
+    for await (const e of runtime.events(run.runId)) types.push(e.type);
+    expect(types.filter((t) => t.includes('progress'))).toEqual([]);
+    // A page opened now starts from the latest.
+    const second = await openPage(`/runs/${run.runId}`);
+    expect(await second.page.locator('[data-progress="count"] .mono').innerText()).toBe(
+      '{"done":3,"of":3,"note":"last"}',
+    );
+    await second.page.close();
+    expect(second.errors).toEqual([]);
+
+    // The step ends: its progress goes with its running.
+    ticking.next();
+    expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
+    await expect
+      .poll(() => page.locator('[data-step-row="count"] .status').innerText())
+      .toBe('SUCCEEDED');
+    expect(await progress.count()).toBe(0);
+    expect(await page.evaluate(() => (globalThis as unknown as { mark?: number }).mark)).toBe(7);
+    expect(loads).toBe(0);
+    await page.close();
+    expect(errors).toEqual([]);
+  });
+
+  it('says when due work waits for a worker, naming the command that starts one', async () => {
+    await worker.close();
+    const run = await runtime.start(reportPlan, null);
+    // The job module, as `flujo run` records it; a second run records none.
+    const core = runtimeCore(runtime);
+    const module = '/srv/jobs/my report.ts';
+    await writeMetaField(core.redis, core.keys, run.runId, RUN_MODULE_FIELD, module);
+    const unrecorded = await runtime.start(reportPlan, null);
+    const { page, errors } = await openPage(`/runs/${run.runId}`);
+    let loads = 0;
+    page.on('load', () => (loads += 1));
+    const notice = page.locator('#idle');
+    expect(await notice.count()).toBe(0);
+    await expect.poll(() => page.locator('#live').innerText()).toContain('live');
+
+    // No event comes while nothing runs: the page is told when the work has waited 5 s.
+    await expect.poll(() => notice.count(), { timeout: 15_000 }).toBe(1);
+    const text = await notice.innerText();
+    expect(text).toMatch(/^No worker has taken step draft for \d+(\.\d)? s: /);
+    expect(text).toContain(`start one with flujo worker '${module}' (same --redis and --prefix`);
+    expect(text).toContain(`continue the run with flujo resume ${run.runId} '${module}'.`);
+    await page.screenshot({ path: join(OUT, 'run-idle.png'), fullPage: true });
+    const other = await openPage(`/runs/${unrecorded.runId}`);
+    const placeholder = await other.page.locator('#idle').innerText();
+    expect(placeholder).toContain('start one with flujo worker <job-module>');
+    expect(placeholder).toContain(`flujo resume ${unrecorded.runId} <job-module>`);
+    expect(placeholder).toContain('<job-module> stands for the path of the job module');
+    await other.page.close();
+    expect(other.errors).toEqual([]);
+
+    // A worker takes the work: the notice goes and the run ends, all without a reload.
+    worker = runtime.createWorker({ concurrency: 1 });
+    await worker.ready();
+    expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
+    await expect
+      .poll(() => page.locator('[data-step-row="draft"] .status').innerText())
+      .toBe('SUCCEEDED');
+    expect(await notice.count()).toBe(0);
+    expect(loads).toBe(0);
+    expect((await unrecorded.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
     await page.close();
     expect(errors).toEqual([]);
   });

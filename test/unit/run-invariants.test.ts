@@ -52,9 +52,15 @@ function checkEdge(prev: RunSnapshot, event: RunEvent, next: RunSnapshot): void 
   expect(t.snapshot).toEqual(next);
   const before = new Map(runSteps(prev).map((x) => [x.stepId, x]));
   const after = new Map(runSteps(next).map((x) => [x.stepId, x]));
-  // A final run stays final and unchanged; a failed run changes only when resumed.
+  // A final run stays final and unchanged; a failed run changes only when resumed, or when
+  // cancelled: it then ends cancelled with every step as it was, and nothing planned.
   const resumed = prev.value === 'failed' && event.type === 'run.resumed';
-  if (FINAL_RUN.includes(prev.value) || (prev.value === 'failed' && !resumed)) {
+  const cancelledWhileFailed = prev.value === 'failed' && event.type === 'run.cancelled';
+  if (cancelledWhileFailed) {
+    expect(next.value).toBe('cancelled');
+    expect(next.children).toEqual(prev.children);
+    expect(t.planned).toEqual([]);
+  } else if (FINAL_RUN.includes(prev.value) || (prev.value === 'failed' && !resumed)) {
     expect(next).toEqual(prev);
     expect(t.planned).toEqual([]);
   }
@@ -146,12 +152,15 @@ describe('run machine invariants over the graph xstate enumerates', () => {
       // path.steps[i].state is the state after path.steps[i].event; the first is the initial state.
       for (const { state } of path.steps) {
         checkState(state.context);
+        // A failed run that is cancelled ends cancelled.
+        if (endedAs === 'failed' && state.context.value === 'cancelled') endedAs = 'cancelled';
         // Once the run is final, it stays as it ended.
         if (endedAs !== null) expect(state.context.value).toBe(endedAs);
         if (FINAL_RUN.includes(state.context.value)) endedAs = state.context.value;
-        // A failed run leaves only by a resume, and a path here resumes at most once.
-        if (state.context.value === 'failed' && state.context.context.resumes > 0)
+        // A failed run leaves only by a resume (a path here resumes at most once) or a cancel.
+        if (state.context.value === 'failed' && state.context.context.resumes > 0) {
           endedAs = 'failed';
+        }
       }
       // Replay the path's events and count planned executions per (step, attempt).
       let snap = path.steps[0]!.state.context;

@@ -203,13 +203,24 @@ describe('run machine: stop and resume', () => {
     expect(t.snapshot.context.stop).toBeNull();
   });
 
-  it('resume is ignored unless the run failed; cancel and stop are ignored once it failed', () => {
+  it('resume is ignored unless the run failed; stop is ignored once it failed', () => {
     const running = trace(diamond, [e.ok('a')]);
     expect(advanceRun(running.snapshot, e.resume()).accepted).toBe(false);
     const failed = trace(diamond, [e.ok('a'), e.fail('b', 1, false), e.ok('c')]);
     expect(failed.last.status).toBe('failed');
-    expect(advanceRun(failed.snapshot, e.cancel()).accepted).toBe(false);
     expect(advanceRun(failed.snapshot, e.stop()).accepted).toBe(false);
+  });
+
+  it('a failed run that is cancelled ends cancelled, its steps as they were; once only', () => {
+    const failed = trace(diamond, [e.ok('a'), e.fail('b', 1, false), e.ok('c')]);
+    const t = advanceRun(failed.snapshot, e.cancel());
+    expect(t.accepted).toBe(true);
+    expect(t.status).toBe('cancelled');
+    expect(t.planned).toEqual([]);
+    expect(t.changes).toEqual([]);
+    expect(runSteps(t.snapshot)).toEqual(runSteps(failed.snapshot));
+    expect(advanceRun(t.snapshot, e.cancel()).accepted).toBe(false);
+    expect(advanceRun(t.snapshot, e.resume()).accepted).toBe(false);
   });
 
   it('a gate rejected and resumed asks for approval again', () => {
