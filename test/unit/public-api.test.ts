@@ -83,12 +83,109 @@ const internal = [
   'ensureEmbeddedRedis',
 ] as const;
 
+// Every value the root exports: a new export is a decision, made here on purpose.
+const everyValue = [
+  // error classes, one per code
+  'ApprovalNotAllowedError',
+  'BlobCapExceededError',
+  'BlobMissingError',
+  'BudgetExceededError',
+  'ConfigurationError',
+  'EventValidationError',
+  'FallbackFailedError',
+  'FlujoError',
+  'HistoryConflictError',
+  'InputValidationError',
+  'InvariantError',
+  'LedgerStateError',
+  'MaxTurnsExceededError',
+  'MissingContextError',
+  'ModelError',
+  'NonDeterminismError',
+  'PlanValidationError',
+  'PolicyDeniedError',
+  'PricingNotConfiguredError',
+  'RedisUnavailableError',
+  'ReservationNotFoundError',
+  'ResumeError',
+  'RevivedError',
+  'RunAlreadyExistsError',
+  'RunNotFoundError',
+  'RunNotResumableError',
+  'RunRemovedError',
+  'ServiceError',
+  'SnapshotConflictError',
+  'SnapshotCorruptError',
+  'SnapshotUnsupportedError',
+  'StepNonDeterminismError',
+  'StepNotSkippableError',
+  'StepNotWaitingError',
+  'StepTimeoutError',
+  'ToolCallBusyError',
+  'ToolCallRejectedError',
+  'ToolInputError',
+  'ToolOutcomeUnknownError',
+  'UnknownError',
+  'UnknownToolError',
+  'UsageLimitExceededError',
+  'isFlujoError',
+  'reviveError',
+  // the rest
+  'DEFAULT_QUEUE_NAME',
+  'ErrorCode',
+  'FINAL_STEP_STATUSES',
+  'LedgerState',
+  'MAX_JSON_DEPTH',
+  'Pipeline',
+  'ReplayMode',
+  'ReservationState',
+  'RunStatus',
+  'START_JOB_NAME',
+  'Step',
+  'StepReason',
+  'StepStatus',
+  'advanceRun',
+  'classifyFailure',
+  'classifyTool',
+  'createDefaultLogger',
+  'createRuntime',
+  'createSnapshotCodec',
+  'createSnapshotStore',
+  'defineAgent',
+  'defineJob',
+  'defineTool',
+  'deriveRunStatus',
+  'findCause',
+  'isFinalStepStatus',
+  'isRetryable',
+  'parseOutcome',
+  'parsePlan',
+  'plan',
+  'renderTraceHtml',
+  'runEventSchema',
+  'runMachine',
+  'runQueue',
+  'runStatus',
+  'runSteps',
+  'silentLogger',
+  'startJobDataSchema',
+  'startRun',
+  'startUi',
+  'stepMachine',
+  'validateRunEvent',
+] as const;
+
 describe('the public API', () => {
   it('the root export holds what a user writes code with', () => {
     const exported = Object.keys(flujo);
     const missing = userFacing.filter((name) => !exported.includes(name));
     expect(missing).toEqual([]);
     expect(userFacing.map((name) => typeof flujo[name])).not.toContain('undefined');
+  });
+
+  it('the root exports exactly the values listed here', () => {
+    expect(Object.keys(flujo).sort()).toEqual([...everyValue].sort());
+    for (const name of userFacing) expect(everyValue).toContain(name);
   });
 
   it('internals are not exported from the root', () => {
