@@ -3,11 +3,12 @@
  * stored once per run under its sha256 and replaced in the history by a reference
  * `<<FL_BLOB_REF:<id>:size=<n>>>`; a resumed step rehydrates the references. A missing blob fails
  * fast (`BlobMissingError`) unless the step opted into degraded replay, which puts a fixed marker
- * in its place. Blobs live for `retentionMs` after their last put; each run's bytes are capped.
+ * in its place. Blobs live as long as their run (the run's retention removes them), or, with
+ * `retentionMs`, that long after their last put; each run's bytes are capped.
  *
- * Keys (run's hash tag): `blob(runId, id)` STRING with TTL = retention; `blobs(runId)` HASH
- * `bytes`, `count`, `<id>` → size, its TTL refreshed with every put so it never outlives the run's
- * newest blob by more than the retention.
+ * Keys (run's hash tag): `blob(runId, id)` STRING (with `retentionMs`, its TTL); `blobs(runId)`
+ * HASH `bytes`, `count`, `<id>` → size (with `retentionMs`, its TTL refreshed with every put so it
+ * never outlives the run's newest blob by more than that).
  */
 import { createHash } from 'node:crypto';
 import type { Redis } from 'ioredis';
@@ -23,7 +24,7 @@ import { assertBlobId, assertRunId, assertStepId, createKeys } from './keys.js';
 import { classifyRedisError } from './redis-errors.js';
 
 /** How long a blob is kept after its last put by default: 7 days. */
-export const DEFAULT_BLOB_RETENTION_MS = 7 * 24 * 60 * 60 * 1000;
+export const DEFAULT_BLOB_RETENTION_MS = null;
 /** The default cap on a run's blob bytes: 256 MiB. */
 export const DEFAULT_MAX_BLOB_BYTES_PER_RUN = 256 * 1024 * 1024;
 
@@ -110,8 +111,9 @@ export interface BlobStoreOptions {
    */
   prefix?: string;
   /**
-   * How long a blob is kept after its last put, in ms.
-   * @defaultValue {@link DEFAULT_BLOB_RETENTION_MS} (7 days)
+   * How long a blob is kept after its last put, in ms. Left out, a blob has no expiry of its own:
+   * it is kept as long as its run, and leaves with the run's other keys (the run's retention).
+   * @defaultValue none
    */
   retentionMs?: number;
   /**
@@ -183,32 +185,38 @@ export function blobIdOf(content: string | Buffer): string {
  * put: stores a blob once and accounts for it, unless the run's bytes would pass the cap.
  *   KEYS[1]  the blob (STRING)           KEYS[2] the run's blob accounting (HASH)
  *   ARGV[1]  blob id                     ARGV[2] content        ARGV[3] size in bytes
- *   ARGV[4]  retention ms                ARGV[5] the cap in bytes
+ *   ARGV[4]  retention ms ('0': none)    ARGV[5] the cap in bytes
  *   Returns  {'stored', bytes after} | {'refused', bytes} (nothing written) |
  *            {'existing', bytes} (accounted before: nothing counted again, both TTLs refreshed,
  *            the content stored again if it had expired)
  */
 const PUT_LUA = `
+local keep = ARGV[4] == '0'
+local function store()
+  if keep then redis.call('SET', KEYS[1], ARGV[2]) else redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[4]) end
+end
+local function refresh(key)
+  if keep then return redis.call('EXISTS', key) end
+  return redis.call('PEXPIRE', key, ARGV[4])
+end
 local bytes = tonumber(redis.call('HGET', KEYS[2], 'bytes') or '0')
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
-  if redis.call('PEXPIRE', KEYS[1], ARGV[4]) == 0 then
-    redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[4])
-  end
-  redis.call('PEXPIRE', KEYS[2], ARGV[4])
+  if refresh(KEYS[1]) == 0 then store() end
+  refresh(KEYS[2])
   return {'existing', bytes}
 end
 local size = tonumber(ARGV[3])
 if bytes + size > tonumber(ARGV[5]) then return {'refused', bytes} end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[4])
+store()
 redis.call('HINCRBY', KEYS[2], 'bytes', ARGV[3])
 redis.call('HINCRBY', KEYS[2], 'count', 1)
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
+refresh(KEYS[2])
 return {'stored', bytes + size}
 `;
 
 /** Bump when the script changes meaning, so clients never mix versions under one command name. */
-const BLOB_SCRIPT_VERSION = 1;
+const BLOB_SCRIPT_VERSION = 2;
 const PUT_COMMAND = `flujoBlob_put_v${BLOB_SCRIPT_VERSION}`;
 
 // A lone surrogate has no UTF-8 form: it would be stored as U+FFFD and read back changed.
@@ -241,7 +249,10 @@ function checkContent(content: unknown): asserts content is string {
 export function createBlobStore(options: BlobStoreOptions): BlobStore {
   const { redis } = options;
   const keys = createKeys(options.prefix);
-  const retentionMs = positiveOption(options.retentionMs, 'retentionMs', DEFAULT_BLOB_RETENTION_MS);
+  const retentionMs =
+    options.retentionMs === undefined
+      ? null
+      : positiveOption(options.retentionMs, 'retentionMs', 1);
   const maxBytesPerRun = positiveOption(
     options.maxBytesPerRun,
     'maxBytesPerRun',
@@ -293,7 +304,7 @@ export function createBlobStore(options: BlobStoreOptions): BlobStore {
         id,
         bytes,
         String(size),
-        String(retentionMs),
+        String(retentionMs ?? 0),
         String(maxBytesPerRun),
       ),
     );

@@ -40,7 +40,7 @@ export const RunKeyKind = {
   History: 'history',
   /** HASH: the run's blob accounting: `bytes`, `count`, and per blob id its size. */
   Blobs: 'blobs',
-  /** STRING per blob, `<prefix>:{<runId>}:blob:<blobId>`: the content; TTL = retention. */
+  /** STRING per blob, `<prefix>:{<runId>}:blob:<blobId>`: the content; no TTL while the run lives (or the blobs' `retentionMs`). */
   Blob: 'blob',
   /** HASH: what the run was started with (plan, input, tenant, request key). */
   Meta: 'meta',
@@ -90,10 +90,10 @@ export interface Keys {
    * step after the hash tag keeps the run in one slot). `stepId` must match `STEP_ID_PATTERN`.
    */
   history(runId: string, stepId: string): string;
-  /** The run's blob accounting (HASH: `bytes`, `count`, `<blobId>` → size); it has a TTL too. */
+  /** The run's blob accounting (HASH: `bytes`, `count`, `<blobId>` → size); like each blob's. */
   blobs(runId: string): string;
   /**
-   * One blob's content (STRING, TTL = retention): `<prefix>:{<runId>}:blob:<blobId>`. `blobId` must
+   * One blob's content (STRING, kept with its run): `<prefix>:{<runId>}:blob:<blobId>`. `blobId` must
    * be a sha256 in lowercase hex (see `BLOB_ID_PATTERN`).
    */
   blob(runId: string, blobId: string): string;

@@ -107,8 +107,11 @@ export interface RetentionStoreOptions {
   finishedRunsMs?: number;
   /** @defaultValue null: failed runs are kept */
   failedRunsMs?: number | null;
-  /** The expiry blobs have while their run goes on (set back on `keep`). @defaultValue 7 days */
-  blobRetentionMs?: number;
+  /**
+   * The expiry blobs have while their run goes on (set back on `keep`); null: none (they go with
+   * the run). @defaultValue null
+   */
+  blobRetentionMs?: number | null;
   /** @defaultValue `Date.now` */
   clock?: () => number;
 }
@@ -224,7 +227,7 @@ export function createRetentionStore(options: RetentionStoreOptions): RetentionS
   const { redis, keys } = options;
   const finishedRunsMs = options.finishedRunsMs ?? DEFAULT_FINISHED_RUNS_MS;
   const failedRunsMs = options.failedRunsMs ?? null;
-  const blobRetentionMs = options.blobRetentionMs ?? DEFAULT_FINISHED_RUNS_MS;
+  const blobRetentionMs = options.blobRetentionMs ?? null;
   const clock = options.clock ?? Date.now;
   const sources: RunKeySource[] = [];
   const commands = redis as unknown as Record<string, Expire | undefined>;
@@ -369,7 +372,7 @@ export function createRetentionStore(options: RetentionStoreOptions): RetentionS
         const tx = redis.multi();
         for (const key of run) {
           // Blobs keep the expiry they have while their run goes on.
-          if (blobs.has(key)) tx.pexpire(key, String(blobRetentionMs));
+          if (blobs.has(key) && blobRetentionMs !== null) tx.pexpire(key, String(blobRetentionMs));
           else tx.persist(key);
         }
         tx.del(keys.removed(runId));

@@ -104,13 +104,18 @@ describe('blob store', () => {
     await blobs.put(R, 'beta');
     expect(await redis.pttl(blobKey)).toBeLessThanOrEqual(1_000);
     expect(await redis.pttl(keys.blobs(R))).toBeGreaterThan(HOUR - 5_000);
-    // The default retention is 7 days.
-    const week = createBlobStore({ redis, prefix });
-    const { id: g } = await week.put('run-3', 'gamma');
-    expect(await redis.pttl(keys.blob('run-3', g))).toBeGreaterThan(
-      DEFAULT_BLOB_RETENTION_MS - 5_000,
-    );
-    expect(DEFAULT_BLOB_RETENTION_MS).toBe(7 * 24 * HOUR);
+    // By default a blob has no expiry of its own: it goes with its run (the run's retention).
+    const kept = createBlobStore({ redis, prefix });
+    const { id: g } = await kept.put('run-3', 'gamma');
+    expect(await redis.pttl(keys.blob('run-3', g))).toBe(-1);
+    expect(await redis.pttl(keys.blobs('run-3'))).toBe(-1);
+    await kept.put('run-3', 'gamma');
+    expect(await redis.pttl(keys.blob('run-3', g))).toBe(-1);
+    await redis.del(keys.blob('run-3', g));
+    expect((await kept.put('run-3', 'gamma')).id).toBe(g);
+    expect(await redis.get(keys.blob('run-3', g))).toBe('gamma');
+    expect(await redis.pttl(keys.blob('run-3', g))).toBe(-1);
+    expect(DEFAULT_BLOB_RETENTION_MS).toBeNull();
   });
 
   it('puts an expired blob back without counting it twice', async () => {

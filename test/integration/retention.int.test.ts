@@ -242,10 +242,9 @@ describe('retention of finished runs', () => {
     await new Promise((ok) => setTimeout(ok, RETENTION_MS + 200));
     const keys = await keysOf(run.runId);
     expect(keys.length).toBeGreaterThan(8);
-    // Blobs have the expiry of blobs (days); nothing else has any.
+    // No key of a waiting run has an expiry, blobs included: they go with their run.
     for (const [key, ttl] of Object.entries(await ttls(keys))) {
-      if (key.includes(':blob')) expect(ttl).toBeGreaterThan(60_000);
-      else expect([key, ttl]).toEqual([key, -1]);
+      expect([key, ttl]).toEqual([key, -1]);
     }
     expect(keys).not.toContain(runtimeCore(runtime).keys.removed(run.runId));
 
@@ -283,11 +282,8 @@ describe('retention of finished runs', () => {
     const failed = await ttls(await keysOf(run.runId));
     expect(Object.keys(failed).length).toBeGreaterThan(8);
     expect(failed).not.toHaveProperty(keys.removed(run.runId).slice(prefix.length));
-    // Blobs have the expiry of blobs (days); nothing else has any.
-    for (const [key, ttl] of Object.entries(failed)) {
-      if (key.includes(':blob')) expect(ttl).toBeGreaterThan(60_000);
-      else expect([key, ttl]).toEqual([key, -1]);
-    }
+    // No key has an expiry, blobs included: they go with their run.
+    for (const [key, ttl] of Object.entries(failed)) expect([key, ttl]).toEqual([key, -1]);
     expect(await redis.pttl(keys.runUsage('default', run.runId))).toBe(-1);
     expect((await runtime.list()).map((r) => [r.runId, r.status])).toEqual([[run.runId, 'failed']]);
     // Still listed as active (a worker died right after the commit that failed it): a worker start
@@ -302,10 +298,8 @@ describe('retention of finished runs', () => {
     await runtime.resume(run.runId, { by: 'ana' });
     const kept = await ttls(await keysOf(run.runId));
     expect(kept).not.toHaveProperty(keys.removed(run.runId).slice(prefix.length));
-    // Blobs keep the expiry blobs have while their run goes on; everything else has none.
-    for (const [key, ttl] of Object.entries(kept)) {
-      if (!key.includes(':blob')) expect([key, ttl]).toEqual([key, -1]);
-    }
+    // No key has an expiry, blobs included.
+    for (const [key, ttl] of Object.entries(kept)) expect([key, ttl]).toEqual([key, -1]);
     await startWorker();
     expect(await run.settled()).toBe('succeeded');
     await until(async () => (await redis.exists(keys.removed(run.runId))) === 1);
