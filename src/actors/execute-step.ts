@@ -40,6 +40,7 @@ import {
 import type { ModelContext } from './model-context.js';
 import type { ModelCallObservation, RunUsageBudget, UsageMeter } from './usage-meter.js';
 import { callGate, type CallGate, type CallToApprove } from './call-approval.js';
+import type { ReplayedEffect, ReplayedStep } from './replay-calls.js';
 import { traceAttempt } from '../observability/spans.js';
 
 /** What an operator receives. */
@@ -411,8 +412,8 @@ async function runOneStep(
     runInput: JsonValue;
     depOutputs: Record<string, JsonValue>;
     signal: AbortSignal;
-    /** In a run that replays another: the original's receipts. */
-    replay?: ReplayedCalls;
+    /** In a run that replays another: the original's receipts and recorded outputs. */
+    replay?: ReplayedStep;
   },
 ): Promise<StepResult> {
   const { state } = args;
@@ -494,9 +495,27 @@ async function executeOnce(
   const input = step.input === undefined ? runInput : step.input;
   const gate = callGate(state);
   const policyArgs = { input, runInput, deps: depOutputs, runId, tenantId, signal };
+  // What the operator's tool calls look up in a replay (not an action-keyed step's calls).
+  let calls: ReplayedCalls | undefined = replay?.matchesCalls === false ? undefined : replay;
   try {
     // Policies bound to the step's tags decide before anything of the step runs.
     await enforceTaggedPolicies(deps.policies, step, policyArgs);
+    if (replay !== undefined && step.kind === 'operator') {
+      // In a replay, an effectful operator step acts again only as the replay allows.
+      const effect = await replay.effect({ runId, runInput, depOutputs });
+      if (effect.kind === 'reuse') {
+        observeReuse(deps, step, effect);
+        return { kind: 'succeeded', output: effect.output };
+      }
+      // Waits for a person's approval (the execution pauses here until then).
+      if (effect.kind === 'approve') gate.check(effect.call);
+      // Approved (or allowed): its calls run without asking again; the original's still return
+      // their receipts.
+      const from = calls;
+      if (effect.kind !== 'run' && from !== undefined) {
+        calls = { allowEffects: true, receiptOf: (tool, args) => from.receiptOf(tool, args) };
+      }
+    }
     const output = await run();
     // The operator caught the pause and went on: it still waits for the call's approval.
     if (gate.pending !== null) return { kind: 'paused', call: gate.pending };
@@ -529,7 +548,7 @@ async function executeOnce(
           state.pauses > 0 ? await deps.journal.attemptReplies(runId, step.id, attempt) : [];
         return await runAtomicAgent(
           {
-            ...loopDeps(deps, { runId, step, attempt }, gate, replay),
+            ...loopDeps(deps, { runId, step, attempt }, gate, calls),
             pauseJournal: {
               replayed,
               save: (replies) => deps.journal.recordAttempt(runId, step.id, attempt, replies),
@@ -597,12 +616,48 @@ async function executeOnce(
             step.idempotency.keyInputs.length === 0
               ? undefined
               : stepIdempotencyKey(tenantId, runId, step, input),
-            replay,
+            calls,
           ),
         });
       }
     }
   }
+}
+
+/**
+ * Records that a replay took an effectful step's output from the original instead of running
+ * it, as a replay records a reused receipt (`tool.called`, `replayed: true`): one for each of
+ * the original's receipts now in this run's ledger, and one for the step itself, its `tool` the
+ * operator (`operator:NAME`), with `reusedFrom` naming the original run.
+ */
+function observeReuse(
+  deps: StepExecutionDeps,
+  step: PlanStep & { kind: 'operator' },
+  effect: Extract<ReplayedEffect, { kind: 'reuse' }>,
+): void {
+  const observe = deps.onToolCall;
+  if (observe === undefined) return;
+  for (const r of effect.receipts) {
+    const tool = deps.tools.list().find((t) => t.identity === r.tool);
+    observe({
+      callId: r.callId,
+      tool: r.tool,
+      class: tool?.class ?? 'unknown',
+      replayed: true,
+      durationMs: r.durationMs,
+      outcome: 'succeeded',
+    });
+  }
+  const reused = {
+    callId: effect.callId,
+    tool: `operator:${step.operator}`,
+    class: step.effects.find((e) => e !== 'read_only') ?? 'read_only',
+    replayed: true,
+    durationMs: 0,
+    outcome: 'succeeded' as const,
+    reusedFrom: effect.sourceRunId,
+  };
+  observe(reused);
 }
 
 /** What `ctx.need(dependency, path)` returns or throws for `step`. */

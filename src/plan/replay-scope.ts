@@ -4,7 +4,7 @@
  */
 import { InputValidationError } from '../errors.js';
 import { dependentsOf } from './graph.js';
-import type { Plan, PlanStep } from './schema.js';
+import type { OperatorStep, Plan, PlanStep } from './schema.js';
 
 /**
  * `fromStep` and every step that depends on it, directly or through other steps: what a fork from
@@ -39,4 +39,14 @@ export function forkScope(plan: Plan, fromStep: string): Set<string> {
  */
 export function isDraftProducing(step: PlanStep): boolean {
   return step.kind === 'agent' || step.cachePolicy.class === 'stable_nondeterministic';
+}
+
+/**
+ * Whether a replay takes the original's recorded output of the step instead of running it: an
+ * operator step that declares an effect other than read-only, which may act outside directly,
+ * not only through tool calls (an agent step acts only through tool calls, which a replay matches
+ * to the original's receipts call by call).
+ */
+export function isEffectfulOperator(step: PlanStep): step is OperatorStep {
+  return step.kind === 'operator' && step.effects.some((effect) => effect !== 'read_only');
 }

@@ -4,9 +4,13 @@
  * - reproduce: what the run stored (outcomes, events, journaled model replies), read and never
  *   recomputed or written, with an integrity check: the run's state folded again from its events
  *   by the machines and compared with the stored snapshot.
- * - replay: a new run of the same plan and input in the same lineage. Steps run again; a tool
- *   call that is not read-only returns the original's receipt when the original made the same
- *   call (same step, tool and arguments), else waits for a person's approval.
+ * - replay: a new run of the same plan and input in the same lineage. Steps run again (cached
+ *   ones too, as with `refreshCache`: a deterministic one is checked against its stored output);
+ *   a tool call that is not read-only returns the original's receipt when the original made the
+ *   same call (same step, tool and arguments), else waits for a person's approval. An effectful
+ *   operator step (one that declares an effect other than read-only, and so may act directly)
+ *   whose inputs are the original's does not run: its output is the original's, its calls'
+ *   receipts are recorded in the replay's ledger; with other inputs it waits for approval.
  * - regenerate: the same in a new lineage, where draft-producing steps (agents, stable
  *   nondeterministic steps) get new keys: none of their calls is the original's.
  * - fromStep: the steps that do not depend on it keep the original's outputs (SUCCEEDED from
@@ -14,13 +18,18 @@
  */
 import { randomUUID } from 'node:crypto';
 import { factsOf } from '../actors/run-host.js';
-import { replayMetaFields, type ReplayOrigin } from '../actors/replay-calls.js';
+import {
+  recordedEffect,
+  replayMetaFields,
+  type RecordedEffect,
+  type ReplayOrigin,
+} from '../actors/replay-calls.js';
 import { InputValidationError, InvariantError, type ValidationIssue } from '../errors.js';
 import type { JsonValue } from '../internal/json.js';
 import { advanceRun, runStatus, runSteps, startRun, type RunSnapshot } from '../machines/kernel.js';
 import { refoldRun, snapshotDifferences, type SnapshotDifference } from '../machines/refold.js';
 import type { RunStatus } from '../machines/types.js';
-import { forkScope } from '../plan/replay-scope.js';
+import { forkScope, isEffectfulOperator } from '../plan/replay-scope.js';
 import {
   createLineageStore,
   type LineageStore,
@@ -253,8 +262,8 @@ export async function startReplay(
   const { plan } = meta;
   const scope = options.fromStep === undefined ? null : forkScope(plan, options.fromStep);
   const reused = new Map<string, JsonValue>();
+  const steps = new Map(runSteps(original.snapshot).map((s) => [s.stepId, s]));
   if (scope !== null) {
-    const steps = new Map(runSteps(original.snapshot).map((s) => [s.stepId, s]));
     for (const step of plan.steps) {
       if (scope.has(step.id)) continue;
       const s = steps.get(step.id);
@@ -269,6 +278,19 @@ export async function startReplay(
       reused.set(step.id, s.output ?? null);
     }
   }
+  // What the original's effectful operator steps acted on and produced: such a step of the replay
+  // with the same inputs takes that output instead of acting again.
+  const recorded: Record<string, RecordedEffect> = {};
+  for (const step of plan.steps) {
+    const s = steps.get(step.id);
+    if (reused.has(step.id) || !isEffectfulOperator(step) || s?.status !== 'SUCCEEDED') continue;
+    const depOutputs: Record<string, JsonValue> = {};
+    for (const d of step.dependsOn) {
+      const dep = steps.get(d);
+      depOutputs[d] = dep?.status === 'SUCCEEDED' ? (dep.output ?? null) : null;
+    }
+    recorded[step.id] = recordedEffect(step, meta.input, depOutputs, s.output ?? null);
+  }
   const newRunId = randomUUID();
   const at = core.clock();
   const origin: ReplayOrigin = {
@@ -278,6 +300,7 @@ export async function startReplay(
     lineage: options.mode === 'replay' ? (meta.replay?.lineage ?? runId) : newRunId,
     fromStep: options.fromStep ?? null,
     reusedSteps: [...reused.keys()],
+    recorded,
   };
   const created = {
     type: 'run.created',
@@ -294,6 +317,9 @@ export async function startReplay(
     tenantId: meta.tenantId,
     requestKey: '',
     createdAt: String(at),
+    // Steps run again, not from the tenant's cache: a deterministic one is checked against its
+    // stored output (NonDeterminismError when it differs).
+    refreshCache: '1',
     ...replayMetaFields(origin),
   };
   await core.activeRuns.add(newRunId);

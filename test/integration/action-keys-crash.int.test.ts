@@ -12,6 +12,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { PlanInput } from '../../src/plan/schema.js';
 import { createRuntime, type Runtime } from '../../src/runtime.js';
+import { expectIntact } from '../helpers/integrity.js';
 import { deleteRuntimeKeys, redisUrl, testPrefix } from '../helpers/redis.js';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
@@ -113,5 +114,6 @@ describe('action keys across a SIGKILL', { timeout: 60_000 }, () => {
     expect(ledger.map((e) => e.state)).toEqual(['SUCCEEDED']);
     healer.proc.kill('SIGTERM');
     await healer.exited;
+    await expectIntact(runtime, first.runId);
   });
 });

@@ -19,6 +19,7 @@ import {
   settledReport,
   turnOf,
 } from '../helpers/agent-child.js';
+import { expectIntact } from '../helpers/integrity.js';
 import { deleteRuntimeKeys, redisUrl, testPrefix } from '../helpers/redis.js';
 import { useScriptedModel } from '../helpers/scripted-agent.js';
 
@@ -144,6 +145,7 @@ describe('granular agent steps across SIGKILL', () => {
       ['SUCCEEDED', 1],
       ['SUCCEEDED', 1],
     ]);
+    await expectIntact(rt, runId);
   });
 
   it('killed after the tools of turn 1: the stream shows the turn taken over, its calls replayed', async () => {
@@ -173,6 +175,7 @@ describe('granular agent steps across SIGKILL', () => {
       [1, after!.pid],
       [2, after!.pid],
     ]);
+    await expectIntact(rt, runId);
   });
 
   it("killed after the tools of turn 0, whose last call is read-only: that call's receipt comes with the commit, so only it runs again", async () => {
@@ -196,6 +199,7 @@ describe('granular agent steps across SIGKILL', () => {
       ['SUCCEEDED', 1],
       ['SUCCEEDED', 1],
     ]);
+    await expectIntact(rt, runId);
   });
 
   it('killed between the second and the third tool of a reply, the resume runs only the third', async () => {
@@ -207,6 +211,7 @@ describe('granular agent steps across SIGKILL', () => {
     expect(byPid[2]).toMatchObject({ tool: 'search', args: { q: 'beta' } });
     expect(byPid[2]!.pid).not.toBe(first);
     expect(byPid).toHaveLength(4);
+    await expectIntact(rt, runId);
   });
 
   it('a large tool result is a blob in the history; a worker that resumes after a crash puts it back for the model', async () => {
@@ -238,6 +243,7 @@ describe('granular agent steps across SIGKILL', () => {
     expect(pages[0]!.startsWith('alpha-0 ')).toBe(true);
     expect(pages[1]!.startsWith('beta-0 ')).toBe(true);
     expect(asked(runId)).toEqual([1, 1, 1]);
+    await expectIntact(rt, runId);
   });
 
   it('a changed system prompt between the crash and the resume fails the run, naming it; nothing runs', async () => {
@@ -289,5 +295,6 @@ describe('granular agent steps across SIGKILL', () => {
     const { runId, report } = await crashAndResume('after-journal:research:1', same, same);
     expect(report.status).toBe('succeeded');
     expect(asked(runId)).toEqual([1, 1, 1]);
+    await expectIntact(rt, runId);
   });
 });

@@ -9,6 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createRuntime, type Runtime } from '../../src/runtime.js';
+import { expectIntact } from '../helpers/integrity.js';
 import { deleteRuntimeKeys, redisUrl, testPrefix } from '../helpers/redis.js';
 
 const ROOT = join(import.meta.dirname, '..', '..');
@@ -111,5 +112,6 @@ describe('a risky call across a crash', () => {
     expect(done.steps[0]!.callDecisions).toHaveLength(1);
     const executions = lines(effectFile).filter((l) => l.startsWith(`${run.runId} p `));
     expect(executions.map((l) => l.split(' ')[2])).toEqual(['1', '1', '1']);
+    await expectIntact(rt, run.runId);
   }, 60_000);
 });

@@ -13,6 +13,7 @@ import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from
 import type { PlanInput } from '../../src/plan/schema.js';
 import { createRuntime, type Runtime, runtimeCore } from '../../src/runtime.js';
 import { stepJobId } from '../../src/actors/jobs.js';
+import { expectIntact } from '../helpers/integrity.js';
 import { connect, deletePrefix, redisUrl, testPrefix } from '../helpers/redis.js';
 
 const ROOT = join(import.meta.dirname, '..', '..');
@@ -330,6 +331,7 @@ describe('driver: worker processes on one queue', () => {
     expect(c.finished).toHaveLength(1);
     const slowRuns = executions().filter((e) => e.stepId === 'slow');
     expect(slowRuns.map((e) => e.pid)).toEqual([victim.pid, survivor.pid]);
+    await expectIntact(rt, run.runId);
   }, 30_000);
 });
 
@@ -389,6 +391,7 @@ describe('driver: a crash between commit and enqueue heals', () => {
     await checkHealed(run.runId, victim.pid, healer.pid);
     // The crashed unit was not redelivered: recovery did it.
     expect(await runtimeCore(rt).queue.getJobState(stepJobId(run.runId, 's1', 1))).toBe('active');
+    await expectIntact(rt, run.runId);
   }, 30_000);
 
   it('the redelivered job heals it (a worker without start-up recovery)', async () => {
@@ -401,6 +404,7 @@ describe('driver: a crash between commit and enqueue heals', () => {
     const job = await runtimeCore(rt).queue.getJob(stepJobId(run.runId, 's1', 1));
     expect(job?.returnvalue).toBe('already-done');
     expect(await job?.getState()).toBe('completed');
+    await expectIntact(rt, run.runId);
   }, 30_000);
 });
 
@@ -486,5 +490,6 @@ describe('driver: chained units', () => {
     ]);
     const job = await runtimeCore(rt).queue.getJob(stepJobId(run.runId, 's1', 1));
     expect(job?.returnvalue).toBe('already-done');
+    await expectIntact(rt, run.runId);
   }, 30_000);
 });

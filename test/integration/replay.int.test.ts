@@ -1,4 +1,7 @@
 import { randomUUID } from 'node:crypto';
+import { appendFileSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import type { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';
@@ -230,7 +233,7 @@ describe('replay: reproduce, replay, regenerate, fork', () => {
     ]);
   });
 
-  it('replay makes new model calls and no new e-mail: the call returns the original receipt', async () => {
+  it("replay makes new model calls and no new e-mail: the e-mail step returns the original's output and receipt", async () => {
     await startWorker();
     const runId = await original();
     expect(model.requestCount).toBe(1);
@@ -250,7 +253,9 @@ describe('replay: reproduce, replay, regenerate, fork', () => {
     expect(done.status).toBe('succeeded');
     expect(model.requestCount).toBe(2);
     expect(sent).toHaveLength(1);
-    expect(invoked).toEqual({ prepare: 2, audit: 2, email: 2 });
+    // The e-mail step declares an external effect and its input (the draft) is the original's:
+    // it does not run; its output and its call's receipt are the original's.
+    expect(invoked).toEqual({ prepare: 2, audit: 2, email: 1 });
     expect(done.summary.produced['email']).toEqual({ messageId: 'm-1' });
     // The reused receipt is in the replay's own ledger, so a replay of the replay finds it too.
     const ledger = await runtime.ledger(replayed.runId);
@@ -271,7 +276,7 @@ describe('replay: reproduce, replay, regenerate, fork', () => {
     expect(sent).toHaveLength(1);
   });
 
-  it('replay: a changed draft gets no receipt for other arguments; the call waits for approval', async () => {
+  it("replay: a changed draft changes the e-mail step's input: the step waits for approval before it acts", async () => {
     await startWorker();
     const runId = await original();
     model.enqueue({ text: 'Draft B' });
@@ -279,12 +284,24 @@ describe('replay: reproduce, replay, regenerate, fork', () => {
     const waiting = await (await runtime.attach(replayed.runId)).settled({ timeoutMs: 10_000 });
     expect(waiting.status).toBe('waiting');
     expect(waiting.approvals.map((a) => [a.stepId, a.call?.tool, a.call?.args])).toEqual([
-      ['email', 'send_email@1', { to: 'team@example.com', body: 'Draft B' }],
+      [
+        'email',
+        'operator:email',
+        {
+          replayOf: runId,
+          step: 'email',
+          effects: ['external'],
+          why: `its inputs differ from run ${runId}'s (changed: draft)`,
+        },
+      ],
     ]);
+    expect(invoked['email']).toBe(1);
     expect(sent).toHaveLength(1);
+    // Approved: the step runs; its call, which the original never made, runs without asking again.
     await runtime.approve(replayed.runId, 'email', { by: 'ana' });
     const done = await (await runtime.attach(replayed.runId)).settled({ timeoutMs: 10_000 });
     expect(done.status).toBe('succeeded');
+    expect(invoked['email']).toBe(2);
     expect(sent.map((s) => s.body)).toEqual(['Draft A', 'Draft B']);
   });
 
@@ -396,7 +413,9 @@ describe('replay: reproduce, replay, regenerate, fork', () => {
     expect(forked.reusedSteps).toEqual(['prepare', 'draft', 'audit']);
     const done = await (await runtime.attach(forked.runId)).settled({ timeoutMs: 10_000 });
     expect(done.status).toBe('succeeded');
-    expect(invoked).toEqual({ prepare: 1, audit: 1, email: 2 });
+    // The e-mail step is effectful and its input is the original's: it takes the original's
+    // output instead of running (see the next test).
+    expect(invoked).toEqual({ prepare: 1, audit: 1, email: 1 });
     expect(model.requestCount).toBe(1);
     expect(sent).toHaveLength(1);
     expect(done.lineage).toMatchObject({
@@ -413,8 +432,10 @@ describe('replay: reproduce, replay, regenerate, fork', () => {
     expect(fromDraft.reusedSteps).toEqual(['prepare', 'audit']);
     const done2 = await (await runtime.attach(fromDraft.runId)).settled({ timeoutMs: 10_000 });
     expect(done2.status).toBe('succeeded');
-    expect(invoked).toEqual({ prepare: 1, audit: 1, email: 3 });
+    // The draft ran again (a model call); the e-mail step, given the same draft, did not.
+    expect(invoked).toEqual({ prepare: 1, audit: 1, email: 1 });
     expect(model.requestCount).toBe(2);
+    expect(sent).toHaveLength(1);
     // A run forked and then reproduced: its events still lead to its snapshot.
     const reproduced = await runtime.replay(fromDraft.runId, { mode: 'reproduce' });
     expect(reproduced.integrity.ok).toBe(true);
@@ -445,6 +466,166 @@ describe('replay: reproduce, replay, regenerate, fork', () => {
       by: 'replay',
     });
     expect((await runtime.replay(forked.runId, { mode: 'reproduce' })).integrity.ok).toBe(true);
+  });
+
+  it('an effectful operator that acts directly does not act again: replay takes its recorded output', async () => {
+    await startWorker();
+    const dir = mkdtempSync(join(tmpdir(), 'flujo-replay-effect-'));
+    const file = join(dir, 'appended.log');
+    const lines = () => (existsSync(file) ? readFileSync(file, 'utf8').trim().split('\n') : []);
+    // Acts on the world itself, not through ctx.tools: no ledger entry stands for its effect.
+    runtime.operator('append', (ctx) => {
+      invoked['append'] = (invoked['append'] ?? 0) + 1;
+      const line = `${ctx.need('draft', 'answer') as string} (run ${ctx.runId})`;
+      appendFileSync(file, `${line}\n`);
+      return { appended: line, at: invoked['append'] };
+    });
+    const appender: PlanInput = {
+      name: 'appender',
+      steps: [
+        { id: 'draft', kind: 'agent', agent: 'drafter', effects: ['read_only'] },
+        {
+          id: 'append',
+          kind: 'operator',
+          operator: 'append',
+          dependsOn: ['draft'],
+          effects: ['external'],
+        },
+      ],
+    };
+    try {
+      model.enqueue({ text: 'Draft A' });
+      const run = await runtime.start(appender, null);
+      const first = await run.settled({ timeoutMs: 10_000 });
+      expect(first.status).toBe('succeeded');
+      expect(lines()).toHaveLength(1);
+      expect(invoked['append']).toBe(1);
+
+      // replay: the draft is made again (a model call), the same; the append does not run.
+      model.enqueue({ text: 'Draft A' });
+      const replayed = await runtime.replay(run.runId, { mode: 'replay' });
+      const done = await (await runtime.attach(replayed.runId)).settled({ timeoutMs: 10_000 });
+      expect(done.status).toBe('succeeded');
+      expect(model.requestCount).toBe(2);
+      expect(invoked['append']).toBe(1);
+      expect(lines()).toEqual([`Draft A (run ${run.runId})`]);
+      expect(done.summary.produced['append']).toEqual(first.summary.produced['append']);
+      // Marked in the replay's events as a reused receipt is: replayed, from the original run.
+      const events = await collect(runtime.events(replayed.runId));
+      const reused = events
+        .filter((e) => e.type === 'tool.called' && e.data['stepId'] === 'append')
+        .map((e) => e.data);
+      expect(reused).toEqual([
+        expect.objectContaining({
+          tool: 'operator:append',
+          class: 'external',
+          replayed: true,
+          outcome: 'succeeded',
+          reusedFrom: run.runId,
+        }),
+      ]);
+      expect(events.some((e) => e.type === 'step.ran' && e.data['stepId'] === 'append')).toBe(true);
+      expect((await runtime.replay(replayed.runId, { mode: 'reproduce' })).integrity.ok).toBe(true);
+
+      // A replay of the replay: the recorded output is the replay's, the original's still.
+      model.enqueue({ text: 'Draft A' });
+      const again = await runtime.replay(replayed.runId, { mode: 'replay' });
+      const twice = await (await runtime.attach(again.runId)).settled({ timeoutMs: 10_000 });
+      expect(twice.status).toBe('succeeded');
+      expect(twice.summary.produced['append']).toEqual(first.summary.produced['append']);
+      expect(invoked['append']).toBe(1);
+
+      // regenerate, a new draft: the step's input changed, so it waits for approval to act.
+      model.enqueue({ text: 'Draft B' });
+      const regenerated = await runtime.replay(run.runId, { mode: 'regenerate' });
+      const waiting = await (
+        await runtime.attach(regenerated.runId)
+      ).settled({ timeoutMs: 10_000 });
+      expect(waiting.status).toBe('waiting');
+      expect(waiting.approvals.map((a) => [a.stepId, a.call?.tool])).toEqual([
+        ['append', 'operator:append'],
+      ]);
+      expect(invoked['append']).toBe(1);
+      expect(lines()).toHaveLength(1);
+      await runtime.approve(regenerated.runId, 'append', { by: 'ana' });
+      const approved = await (
+        await runtime.attach(regenerated.runId)
+      ).settled({ timeoutMs: 10_000 });
+      expect(approved.status).toBe('succeeded');
+      expect(invoked['append']).toBe(2);
+      expect(lines()).toEqual([`Draft A (run ${run.runId})`, `Draft B (run ${regenerated.runId})`]);
+
+      // regenerate with the same draft: its input is unchanged, its output the original's.
+      model.enqueue({ text: 'Draft A' });
+      const same = await runtime.replay(run.runId, { mode: 'regenerate' });
+      const sameDone = await (await runtime.attach(same.runId)).settled({ timeoutMs: 10_000 });
+      expect(sameDone.status).toBe('succeeded');
+      expect(sameDone.summary.produced['append']).toEqual(first.summary.produced['append']);
+      expect(invoked['append']).toBe(2);
+
+      // regenerate with allowEffects and a new draft: it acts, once, without asking.
+      model.enqueue({ text: 'Draft C' });
+      const allowed = await runtime.replay(run.runId, { mode: 'regenerate', allowEffects: true });
+      const allowedDone = await (
+        await runtime.attach(allowed.runId)
+      ).settled({ timeoutMs: 10_000 });
+      expect(allowedDone.status).toBe('succeeded');
+      expect(invoked['append']).toBe(3);
+      expect(lines()).toHaveLength(3);
+      expect(lines()[2]).toBe(`Draft C (run ${allowed.runId})`);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('a deterministic step runs again in a replay: another output than the stored one is a NonDeterminismError', async () => {
+    await startWorker();
+    let n = 0;
+    let stable = true;
+    runtime.operator('measure', ({ runInput }) => {
+      n++;
+      return stable ? { length: JSON.stringify(runInput).length } : { length: 0, n };
+    });
+    const measured: PlanInput = {
+      name: 'measured',
+      steps: [
+        {
+          id: 'measure',
+          kind: 'operator',
+          operator: 'measure',
+          cachePolicy: { class: 'deterministic' },
+          retry: { maxAttempts: 1 },
+        },
+      ],
+    };
+    const run = await runtime.start(measured, { doc: 'hello' });
+    const first = await run.settled({ timeoutMs: 10_000 });
+    expect(first.status).toBe('succeeded');
+    expect(n).toBe(1);
+
+    // The same output: the replay ran the step (no cache hit) and it passed the check.
+    const replayed = await runtime.replay(run.runId, { mode: 'replay' });
+    const same = await (await runtime.attach(replayed.runId)).settled({ timeoutMs: 10_000 });
+    expect(same.status).toBe('succeeded');
+    expect(n).toBe(2);
+    expect(same.steps[0]!.cachedFrom).toBeNull();
+    expect(same.summary.produced['measure']).toEqual(first.summary.produced['measure']);
+
+    // Another output: the replay fails the step, naming it and the run that stored the entry
+    // (the first replay, which stored the same output again).
+    stable = false;
+    const changed = await runtime.replay(run.runId, { mode: 'replay' });
+    const failed = await (await runtime.attach(changed.runId)).settled({ timeoutMs: 10_000 });
+    expect(n).toBe(3);
+    expect(failed.status).toBe('failed');
+    const error = failed.steps[0]!.error!;
+    expect(error).toMatchObject({
+      name: 'NonDeterminismError',
+      code: 'non_determinism',
+      retryable: false,
+    });
+    expect(error.message).toContain('step "measure"');
+    expect(error.message).toContain(replayed.runId);
   });
 
   it('refuses bad options before writing anything', async () => {

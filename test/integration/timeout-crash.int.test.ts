@@ -14,6 +14,7 @@ import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from
 import type { PlanInput } from '../../src/plan/schema.js';
 import { createRuntime, type Runtime, runtimeCore } from '../../src/runtime.js';
 import { effectLines } from '../fixtures/crash-tools.js';
+import { expectIntact } from '../helpers/integrity.js';
 import { connect, deletePrefix, redisUrl, testPrefix } from '../helpers/redis.js';
 
 const ROOT = join(import.meta.dirname, '..', '..');
@@ -145,6 +146,7 @@ describe('a step killed while its timeout is pending', () => {
     const ledger = await rt.ledger(run.runId);
     expect(ledger).toHaveLength(1);
     expect(ledger[0]).toMatchObject({ state: 'SUCCEEDED', runs: 1 });
+    await expectIntact(rt, run.runId);
   });
 
   it('killed mid-tool (effect done, no receipt): a keyed tool re-runs with the same key and the effect stays single', async () => {
@@ -170,6 +172,7 @@ describe('a step killed while its timeout is pending', () => {
     expect(executions().map(([attempt]) => attempt)).toEqual([1, 1]);
     expect(await failuresOf(run.runId)).toEqual([]);
     expect((await rt.ledger(run.runId))[0]).toMatchObject({ state: 'SUCCEEDED', runs: 2 });
+    await expectIntact(rt, run.runId);
   });
 });
 
@@ -195,5 +198,6 @@ describe('onStepFailure across a crash', () => {
     expect(calls[0]!.slice(0, 4)).toEqual(['pay', '1', 'unknown', 'true']);
     expect(Number(calls[0]![4])).toBe(executions()[0]![1]);
     expect(effectLines(join(dir, 'effects.log'))).toHaveLength(1);
+    await expectIntact(rt, run.runId);
   });
 });
