@@ -824,7 +824,10 @@ export class ToolCallRejectedError extends FlujoError {
   }
 }
 
-/** Skip named a step that has ended (or no step). Nothing was written. */
+/**
+ * Skip named a step that succeeded or was skipped, a step of a cancelled run, or no step. Nothing
+ * was written.
+ */
 export class StepNotSkippableError extends FlujoError {
   override name = 'StepNotSkippableError';
   readonly code = ErrorCode.StepNotSkippable;
@@ -838,7 +841,7 @@ export class StepNotSkippableError extends FlujoError {
     super(
       status === null
         ? `Run "${runId}" has no step "${stepId}". Its steps: ${steps.join(', ')}.`
-        : `Step "${stepId}" of run "${runId}" is ${status}, which is final; only a step that has not ended can be skipped (see \`flujo status ${runId}\`).`,
+        : `Step "${stepId}" of run "${runId}" is ${status}; only a step that has not succeeded or been skipped, in a run that was not cancelled, can be skipped (see \`flujo status ${runId}\`).`,
       false,
       options,
     );

@@ -17,7 +17,13 @@ import {
 } from './errors.js';
 import type { JsonValue } from './internal/json.js';
 import { buildRunTrace, type RunTrace } from './observability/run-trace.js';
-import { runSteps, runStatus, type RunSnapshot, type StepState } from './machines/kernel.js';
+import {
+  runSteps,
+  runStatus,
+  type RunSnapshot,
+  type StepChange,
+  type StepState,
+} from './machines/kernel.js';
 import { isFinalStepStatus } from './machines/types.js';
 import type { PendingCall, RunStatus } from './machines/types.js';
 import type { Plan, PlanInput } from './plan/schema.js';
@@ -255,9 +261,11 @@ export interface Runtime {
    */
   reject(runId: string, stepId: string, decision: DecisionInput): Promise<RunReport>;
   /**
-   * Skips a step that has not ended (pending, ready, running, waiting for approval or for a
-   * retry): it becomes SKIPPED, an execution in progress is aborted, and its dependents run with
-   * its output `null`.
+   * Skips a step that has not succeeded (pending, ready, running, waiting for approval or for a
+   * retry, failed finally, or cancelled): it becomes SKIPPED, an execution in progress is aborted,
+   * and its dependents run with its output `null`. Dependents that a failure of the step (or of
+   * what it waited on) cancelled are reopened, so a failed run goes on. Refused
+   * (`StepNotSkippableError`) for a step that succeeded or was skipped, and in a cancelled run.
    */
   skip(runId: string, stepId: string, skip: SkipInput): Promise<RunReport>;
   /** Cancels a run: open steps are cancelled, running attempts aborted. */
@@ -331,6 +339,13 @@ export interface Runtime {
   close(): Promise<void>;
   /** @internal */
   readonly core: RuntimeCore;
+}
+
+/** The steps a transition reopened (a resume, a skip of a step that failed): final, then open. */
+function reopenedSteps(changes: readonly StepChange[]): string[] {
+  return changes
+    .filter((c) => isFinalStepStatus(c.from) && !isFinalStepStatus(c.to))
+    .map((c) => c.stepId);
 }
 
 /** The `version` of registration options; refuses one that is not a non-empty string. */
@@ -550,6 +565,15 @@ export function createRuntime(options: RuntimeOptions): Runtime {
     }
   }
 
+  /**
+   * Whether a skip of `step` can be taken: a step that has not succeeded or been skipped, in a run
+   * that was not cancelled (a cancelled run is over).
+   */
+  function skippable(snapshot: RunSnapshot, step: StepState): boolean {
+    if (step.status === 'SUCCEEDED' || step.status === 'SKIPPED') return false;
+    return !isFinalStepStatus(step.status) || snapshot.context.cancel === null;
+  }
+
   function checkBy(by: unknown, what: string): asserts by is string {
     if (typeof by !== 'string' || by === '') {
       throw new InputValidationError(what, [
@@ -672,7 +696,7 @@ export function createRuntime(options: RuntimeOptions): Runtime {
       }
       const env = await core.store.load(runId, { outputs: false });
       const step = runSteps(env.snapshot).find((s) => s.stepId === stepId);
-      if (step === undefined || isFinalStepStatus(step.status)) {
+      if (step === undefined || !skippable(env.snapshot, step)) {
         throw new StepNotSkippableError(
           runId,
           stepId,
@@ -681,6 +705,7 @@ export function createRuntime(options: RuntimeOptions): Runtime {
         );
       }
       await authorize(runId, stepId, request.by, 'skip');
+      const before = runStatus(env.snapshot);
       const applied = await core.host.apply(
         runId,
         { type: 'step.skipped', stepId, reason: request.reason, by: request.by, at: core.clock() },
@@ -695,6 +720,17 @@ export function createRuntime(options: RuntimeOptions): Runtime {
           env.snapshot.context.order,
         );
       }
+      // Dependents the skip reopened (a step that failed was skipped) start a fresh step budget.
+      await core.counters.resetSteps(runId, reopenedSteps(applied.transition.changes));
+      const after = applied.transition.status;
+      if (before === 'failed' && after !== 'failed') {
+        // The failed run goes on (or succeeded): as after a resume, it keeps its keys again.
+        await core.resumed(runId);
+        if (after !== 'succeeded') {
+          await Promise.all([core.activeRuns.add(runId), core.runs.reopened(runId)]);
+        }
+      }
+      if (after === 'succeeded') await core.runs.ended(runId, after, applied.envelope.updatedAt);
       await core.publishAborts(runId, applied.transition.planned);
       await core.enqueueDue(runId, applied.envelope);
       return report(runId);
@@ -723,6 +759,9 @@ export function createRuntime(options: RuntimeOptions): Runtime {
       if (!applied.committed) {
         throw new RunNotResumableError(runId, runStatus(applied.envelope.snapshot));
       }
+      // Each reopened step gets one more attempt, under a fresh step budget (tool calls, wall
+      // clock): what its failed attempts counted would fail it again at once.
+      await core.counters.resetSteps(runId, reopenedSteps(applied.transition.changes));
       // It goes on: its keys lose the expiry it got when it failed.
       await core.resumed(runId);
       await Promise.all([core.activeRuns.add(runId), core.runs.reopened(runId)]);

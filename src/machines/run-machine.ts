@@ -163,6 +163,48 @@ function endedStepContext(actor: AnyActorRef | undefined, stepId: string): StepC
   return context as StepContext;
 }
 
+/**
+ * The steps a skip of the ended step `skippedId` reopens: its dependents that were CANCELLED
+ * because something upstream failed (reason `upstream_failed`), transitively, as long as each of
+ * their dependencies is then SUCCEEDED, SKIPPED, still open, or reopened too. A dependent cancelled
+ * otherwise (a run cancel, a budget stop), or with another dependency that failed, stays as it is.
+ * `contextOf` reads a step actor's context (it throws when the run holds no actor for the step).
+ */
+export function reopenedBySkip(
+  context: RunContext,
+  skippedId: string,
+  contextOf: (stepId: string) => StepContext,
+): string[] {
+  const reopened = new Set<string>([skippedId]);
+  const reasons = new Map<string, string | null>();
+  const reasonOf = (id: string): string | null => {
+    if (!reasons.has(id)) reasons.set(id, contextOf(id).reason);
+    return reasons.get(id) ?? null;
+  };
+  // Plan order need not follow the dependencies: go round until nothing more reopens.
+  for (let grew = true; grew;) {
+    grew = false;
+    for (const id of context.order) {
+      if (reopened.has(id) || context.steps[id]?.status !== 'CANCELLED') continue;
+      const deps = context.dependsOn[id] ?? [];
+      if (!deps.some((d) => reopened.has(d))) continue;
+      const clear = deps.every((d) => {
+        const view = context.steps[d];
+        return (
+          reopened.has(d) ||
+          satisfied(view) ||
+          (view !== undefined && !isFinalStepStatus(view.status))
+        );
+      });
+      if (!clear || reasonOf(id) !== StepReason.upstreamFailed) continue;
+      reopened.add(id);
+      grew = true;
+    }
+  }
+  reopened.delete(skippedId);
+  return context.order.filter((id) => reopened.has(id));
+}
+
 /** The input of a fresh step actor for a step reopened by a resume: its attempts go on. */
 export function reopenInput(old: StepContext, at: number): StepInput {
   return {
@@ -219,7 +261,11 @@ const forward = ({ event }: { event: StepEvent & { stepId: string } }): StepMess
  *
  * Dependents of a step that failed finally, was rejected or was cancelled are CANCELLED with reason
  * `upstream_failed` (they will never run), transitively; steps on independent branches go on, and
- * the run ends `failed` once nothing can move. A SKIPPED step satisfies its dependents.
+ * the run ends `failed` once nothing can move. A SKIPPED step satisfies its dependents. A skip
+ * request (`step.skipped` naming no attempt) of a step that failed finally or was cancelled, in a
+ * run that was not cancelled, hands the step's id to a fresh actor that is skipped at once, and
+ * reopens the dependents cancelled because of it (see {@link reopenedBySkip}): a failed run goes
+ * on (or succeeds). A SUCCEEDED or SKIPPED step stays as it is.
  *
  * Pure: it reads no clock and draws no random number. What must happen outside (execute a step,
  * schedule a retry, ask for an approval, abort an attempt) is its `plan` action, one
@@ -251,10 +297,18 @@ export const runMachine = setup({
       context.cancel === null &&
       context.stop === null &&
       (statusOf(context) === 'running' || statusOf(context) === 'waiting'),
-    // Events about a step that has ended are dropped here: a final step never changes.
+    // Events about a step that has ended are dropped here: a final step never changes (but for a
+    // skip of one that did not succeed, below).
     isStepOpen: ({ context, event }) => {
       const view = 'stepId' in event ? context.steps[event.stepId] : undefined;
       return view !== undefined && !isFinalStepStatus(view.status);
+    },
+    // A person's skip (no attempt named) of a step that failed finally or was cancelled, in a run
+    // that was not cancelled.
+    isSkipOfEndedStep: ({ context, event }) => {
+      if (event.type !== 'step.skipped' || event.attempt !== undefined) return false;
+      const status = context.steps[event.stepId]?.status;
+      return context.cancel === null && (status === 'FAILED_FINAL' || status === 'CANCELLED');
     },
   },
   actions: {
@@ -315,7 +369,35 @@ export const runMachine = setup({
     'step.succeeded': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
     'step.cacheHit': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
     'step.failed': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
-    'step.skipped': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
+    'step.skipped': [
+      { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
+      {
+        // A step that ended without succeeding is skipped: a fresh step actor takes over its id
+        // (an actor that ended stays ended) and is skipped at once, and the dependents its failure
+        // cancelled are reopened like a resume reopens them; they run once their dependencies are
+        // done, with the skipped step's output null.
+        guard: 'isSkipOfEndedStep',
+        actions: enqueueActions(({ enqueue, context, event, self }) => {
+          if (event.type !== 'step.skipped') return;
+          // The run's own step actors, as they are before this event.
+          const children = self.getSnapshot().children;
+          const contextOf = (id: string) => endedStepContext(children[id], id);
+          const skipped = event.stepId;
+          const reopened = reopenedBySkip(context, skipped, contextOf);
+          const steps = { ...context.steps };
+          for (const id of [skipped, ...reopened]) {
+            const old = contextOf(id);
+            enqueue.stopChild(id);
+            enqueue.spawnChild('step', { id, input: reopenInput(old, event.at) });
+            steps[id] = { status: 'PENDING', attempt: old.attempt };
+          }
+          // The skipped step's view stays open until its report (which follows at once): a run
+          // whose steps all look final may end, and stop its step actors, before the skip lands.
+          enqueue.assign({ steps, updatedAt: Math.max(context.updatedAt, event.at) });
+          enqueue.sendTo(skipped, event satisfies StepEvent);
+        }),
+      },
+    ],
     'gate.approved': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
     'gate.rejected': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
     'retry.due': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
@@ -414,10 +496,16 @@ export const runMachine = setup({
       ],
     },
     succeeded: { type: 'final' },
-    // Not final: a failed run rests here until it is resumed (`run.resumed`).
+    // Not final: a failed run rests here until it is resumed (`run.resumed`), or until a skip of a
+    // step that failed (or was cancelled by a failure) lets it go on or finish.
     failed: {
-      // Cancelled while failed: it ends cancelled (every step is final already).
-      always: { guard: 'isCancelled', target: 'cancelled' },
+      always: [
+        // Cancelled while failed: it ends cancelled (every step is final already).
+        { guard: 'isCancelled', target: 'cancelled' },
+        { guard: 'isSucceeded', target: 'succeeded' },
+        { guard: 'isRunning', target: 'running' },
+        { guard: 'isWaiting', target: 'waiting' },
+      ],
       on: {
         'run.resumed': {
           target: 'running',

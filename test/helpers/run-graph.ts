@@ -18,11 +18,14 @@ export function runLogic(plan: Plan) {
 
 /**
  * Every event that could matter in this state: each step's outcomes for its current attempt, a stale
- * attempt, approvals, retries due (right and wrong attempt), skip requests, and cancel.
+ * attempt, approvals, retries due (right and wrong attempt), skip requests (of open steps, and of
+ * steps that failed finally or were cancelled), and cancel.
  */
 export function candidateEvents(snapshot: RunSnapshot): RunEvent[] {
   const out: RunEvent[] = [];
-  for (const s of runSteps(snapshot)) {
+  const steps = runSteps(snapshot);
+  const skips = steps.filter((s) => s.status === 'SKIPPED').length;
+  for (const s of steps) {
     const n = s.attempt;
     switch (s.status) {
       case 'READY':
@@ -41,6 +44,13 @@ export function candidateEvents(snapshot: RunSnapshot): RunEvent[] {
       case 'PENDING':
         out.push(e.skip(s.stepId));
         break;
+      // Ended without succeeding: a person may still skip it (its dependents are reopened). Only
+      // while no step is SKIPPED yet: that keeps the graph small.
+      case 'FAILED_FINAL':
+      case 'CANCELLED':
+        out.push(e.ok(s.stepId, Math.max(n, 1)));
+        if (skips === 0) out.push(e.skip(s.stepId));
+        break;
       default:
         out.push(e.ok(s.stepId, Math.max(n, 1)));
     }
@@ -55,7 +65,12 @@ export function candidateEvents(snapshot: RunSnapshot): RunEvent[] {
 export function serializeRun(snapshot: RunSnapshot): string {
   return JSON.stringify([
     snapshot.value,
-    runSteps(snapshot).map((s) => [s.status, s.attempt]),
+    // Why a step was cancelled tells what a skip of its upstream step does to it.
+    runSteps(snapshot).map((s) => [
+      s.status,
+      s.attempt,
+      s.status === 'CANCELLED' ? s.reason : null,
+    ]),
     snapshot.context.cancel !== null,
     snapshot.context.stop !== null,
     snapshot.context.resumes,

@@ -101,4 +101,40 @@ describe('flujo approve, reject and skip with approvers', { timeout: 60_000 }, (
     // The skipped gate gave nothing: send saw its output null.
     expect(done.steps[2]!.output).toEqual({ sent: true, review: null });
   });
+
+  it('a rejected gate skipped: the failed run goes on, and its cancelled dependent runs with the gate null', async () => {
+    const prefix = testPrefix();
+    prefixes.push(prefix);
+    const run = await flujo(['run', JOB], prefix);
+    expect(run.code).toBe(3);
+    const runId = /^run (\S+) /.exec(run.out)![1]!;
+    const rejected = await flujo(['reject', runId, 'review', '--by', 'ana'], prefix);
+    expect(rejected.code).toBe(0);
+    expect(rejected.out).toContain(`run ${runId} is failed (approval_rejected)`);
+
+    const skipped = await flujo(
+      ['skip', runId, 'review', '--by', 'ana', '--reason', 'sent by hand'],
+      prefix,
+    );
+    expect(skipped.code).toBe(0);
+    expect(skipped.out).toContain(`skipped step "review" of run ${runId} (by ana): sent by hand`);
+    expect(skipped.out).toContain(`run ${runId} is running; continue it with`);
+    const resumed = await flujo(['resume', runId, JOB], prefix);
+    expect(resumed.code).toBe(0);
+    expect(resumed.out).toContain('produced: draft, send');
+    const done = JSON.parse((await flujo(['status', runId, '--json'], prefix)).out) as {
+      status: string;
+      steps: { stepId: string; status: string; output: unknown }[];
+    };
+    expect(done.status).toBe('succeeded');
+    expect(done.steps.map((s) => s.status)).toEqual(['SUCCEEDED', 'SKIPPED', 'SUCCEEDED']);
+    expect(done.steps[2]!.output).toEqual({ sent: true, review: null });
+
+    // Skipped already: a second skip is refused, exit 2, nothing written.
+    const before = await dump(prefix);
+    const again = await flujo(['skip', runId, 'review', '--by', 'ana', '--reason', 'x'], prefix);
+    expect(again.code).toBe(2);
+    expect(again.err).toContain('is SKIPPED; only a step that has not succeeded or been skipped');
+    expect(await dump(prefix)).toEqual(before);
+  });
 });

@@ -1,7 +1,7 @@
 /**
  * Who may decide on a gate (approvers, the authorizeDecision hook), risk levels that wait like a
- * gate, READY as a state a step rests in until a worker starts it, and skipping a step: checked
- * against what the operators really ran and what Redis holds.
+ * gate, READY as a state a step rests in until a worker starts it, and skipping a step (open, or
+ * one that failed): checked against what the operators really ran and what Redis holds.
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
@@ -41,6 +41,10 @@ const operators = {
   noop: (ctx: OperatorContext) => {
     record(ctx);
     return { step: ctx.stepId };
+  },
+  broken: (ctx: OperatorContext) => {
+    record(ctx);
+    throw Object.assign(new Error('the mail server refused the template'), { retryable: false });
   },
   slow: async (ctx: OperatorContext) => {
     const call = record(ctx);
@@ -336,7 +340,56 @@ describe('skip', () => {
     expect(callsOf(run.runId)[1]!.deps).toEqual({ a: null });
   });
 
-  it('a step that ended cannot be skipped, and bad requests write nothing', async () => {
+  it('a step that failed finally is skipped: its cancelled dependent runs with its output null, and the failed run succeeds', async () => {
+    const run = await rt.start(
+      line('skip-failed', [
+        { id: 'a', operator: 'broken', retry: { maxAttempts: 1 } },
+        { id: 'b', operator: 'noop' },
+        { id: 'c', operator: 'noop' },
+      ]),
+    );
+    const failed = await run.settled({ timeoutMs: 10_000 });
+    expect(failed.status).toBe('failed');
+    expect(failed.steps.map((s) => [s.status, s.reason])).toEqual([
+      ['FAILED_FINAL', 'non_retryable_error'],
+      ['CANCELLED', 'upstream_failed'],
+      ['CANCELLED', 'upstream_failed'],
+    ]);
+    expect(ran(run.runId)).toEqual(['a#1']);
+
+    const report = await rt.skip(run.runId, 'a', { by: 'ana', reason: 'sent by hand' });
+    expect(report.status).toBe('running');
+    expect(report.steps.map((s) => s.status)).toEqual(['SKIPPED', 'READY', 'PENDING']);
+    expect(report.steps[0]).toMatchObject({ reason: 'sent by hand', attempt: 1 });
+    const done = await run.settled({ timeoutMs: 10_000 });
+    expect(done.status).toBe('succeeded');
+    expect(done.steps.map((s) => s.status)).toEqual(['SKIPPED', 'SUCCEEDED', 'SUCCEEDED']);
+    // a never ran again; b and c ran once each, b with a's output null.
+    expect(ran(run.runId)).toEqual(['a#1', 'b#1', 'c#1']);
+    expect(callsOf(run.runId)[1]!.deps).toEqual({ a: null });
+    const evs = await events(run.runId);
+    expect(changes(evs, 'a')).toEqual([
+      'PENDING→READY',
+      'READY→RUNNING',
+      'RUNNING→FAILED_FINAL',
+      'FAILED_FINAL→SKIPPED',
+    ]);
+    expect(changes(evs, 'b')).toEqual([
+      'PENDING→CANCELLED',
+      'CANCELLED→READY',
+      'READY→RUNNING',
+      'RUNNING→SUCCEEDED',
+    ]);
+    expect(
+      evs.filter((e) => e.type === 'run.status').map((e) => `${String(e.data['to'])}`),
+    ).toEqual(['running', 'failed', 'running', 'succeeded']);
+    expect(hookCalls).toContain(`${run.runId} a ana skip`);
+    // The run list has it as it ended: succeeded.
+    const listed = await rt.list({ plan: 'skip-failed' });
+    expect(listed.find((r) => r.runId === run.runId)?.status).toBe('succeeded');
+  });
+
+  it('a step that succeeded, or any step of a cancelled run, cannot be skipped, and bad requests write nothing', async () => {
     const run = await rt.start(line('skip-done', [{ id: 'a', operator: 'noop' }, { id: 'g' }]));
     expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('waiting');
     const before = await runKeys(run.runId);
@@ -345,6 +398,9 @@ describe('skip', () => {
       .catch((x: unknown) => x);
     expect(ended).toBeInstanceOf(StepNotSkippableError);
     expect((ended as StepNotSkippableError).status).toBe('SUCCEEDED');
+    expect((ended as Error).message).toContain(
+      'only a step that has not succeeded or been skipped',
+    );
     const unknown = await rt
       .skip(run.runId, 'zz', { by: 'ana', reason: 'x' })
       .catch((x: unknown) => x);
@@ -356,5 +412,16 @@ describe('skip', () => {
     expect(noReason).toBeInstanceOf(InputValidationError);
     expect((noReason as Error).message).toContain('reason');
     expect(await runKeys(run.runId)).toEqual(before);
+
+    // Cancelled: the run is over, none of its steps can be skipped.
+    await rt.cancel(run.runId, { by: 'ops', reason: 'not needed' });
+    const cancelled = await runKeys(run.runId);
+    const refused = await rt
+      .skip(run.runId, 'g', { by: 'ana', reason: 'x' })
+      .catch((x: unknown) => x);
+    expect(refused).toBeInstanceOf(StepNotSkippableError);
+    expect((refused as StepNotSkippableError).status).toBe('CANCELLED');
+    expect(await runKeys(run.runId)).toEqual(cancelled);
+    expect(ran(run.runId)).toEqual(['a#1']);
   });
 });

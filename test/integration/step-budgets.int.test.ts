@@ -2,7 +2,8 @@
  * A step's own `budgets` (`maxToolCalls`, `maxTokens`, `maxCostUsd`, `maxWallClockMs`) bound that
  * step alone: what would pass one is refused before it happens, the step fails finally with
  * `budget_exceeded` (no retry), its dependents are cancelled, independent steps go on, and the
- * run's summary names the step and the budget. Real Redis, a real worker, the scripted model server.
+ * run's summary names the step and the budget. A resume gives a step it reopens a fresh step budget.
+ * Real Redis, a real worker, the scripted model server.
  */
 import { randomUUID } from 'node:crypto';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
@@ -16,8 +17,9 @@ import {
   type Runtime,
   type RuntimeOptions,
 } from '../../src/index.js';
+import { createKeys } from '../../src/persistence/keys.js';
 import { startScriptedModelServer, type ScriptedModelServer } from '../../src/testing/index.js';
-import { deleteRuntimeKeys, redisUrl } from '../helpers/redis.js';
+import { connect, deleteRuntimeKeys, redisUrl } from '../helpers/redis.js';
 
 let runtime: Runtime;
 let worker: FlujoWorker;
@@ -257,5 +259,98 @@ describe('step budgets', () => {
       detail: { details: { budget: 'maxWallClockMs', limit: 1000, stepId: 'work' } },
     });
     expect(done.steps[0]).toMatchObject({ status: 'FAILED_FINAL', attempt: 2 });
+  });
+
+  it('maxToolCalls: a resume gives the step a fresh step budget; its tool calls are counted from zero', async () => {
+    let payInvocations = 0;
+    await start({
+      operators: {
+        pay: async ({ tools }) => {
+          payInvocations++;
+          for (const item of ['a', 'b', 'c']) await tools.call('charge', { item });
+          return 'paid';
+        },
+      },
+    });
+    const run = await runtime.start({
+      name: 'tool-budget-resume',
+      steps: [
+        {
+          id: 'pay',
+          kind: 'operator',
+          operator: 'pay',
+          budgets: { maxToolCalls: 2 },
+          retry: RETRY,
+        },
+      ],
+    });
+    const failed = await run.settled({ timeoutMs: 20_000 });
+    expect(failed.status).toBe('failed');
+    expect(failed.summary.detail).toMatchObject({
+      details: { budget: 'maxToolCalls', limit: 2, used: 3, stepId: 'pay' },
+    });
+    expect(effects).toEqual(['a', 'b']);
+
+    await runtime.resume(run.runId);
+    const done = await run.settled({ timeoutMs: 20_000 });
+    // The resumed attempt ran: a and b gave their receipts again for free, c was the step's
+    // first counted call of its new budget (it would be its fourth without the reset).
+    expect(done.status).toBe('succeeded');
+    expect(done.steps[0]).toMatchObject({ status: 'SUCCEEDED', attempt: 2 });
+    expect(payInvocations).toBe(2);
+    expect(effects).toEqual(['a', 'b', 'c']);
+    const redis = connect();
+    try {
+      const counters = await redis.hgetall(createKeys(prefix).counters(run.runId));
+      // The step counted from zero; the run's own count goes on across the resume.
+      expect(counters).toMatchObject({ 'step:pay:toolCalls': '1', toolCalls: '4' });
+    } finally {
+      redis.disconnect();
+    }
+  });
+
+  it('maxWallClockMs: a resume gives the step a fresh wall clock', async () => {
+    const invoked: number[] = [];
+    await start({
+      operators: {
+        slow: async (ctx) => {
+          invoked.push(ctx.attempt);
+          // The first attempt outlives the step's wall clock; the resumed one takes 100 ms.
+          const ms = ctx.attempt === 1 ? 10_000 : 100;
+          await new Promise<void>((ok, fail) => {
+            const t = setTimeout(ok, ms);
+            ctx.signal.addEventListener('abort', () => {
+              clearTimeout(t);
+              fail(ctx.signal.reason as Error);
+            });
+          });
+          return 'done';
+        },
+      },
+    });
+    const run = await runtime.start({
+      name: 'wall-clock-resume',
+      steps: [
+        {
+          id: 'work',
+          kind: 'operator',
+          operator: 'slow',
+          budgets: { maxWallClockMs: 500 },
+          retry: RETRY,
+        },
+      ],
+    });
+    const failed = await run.settled({ timeoutMs: 20_000 });
+    expect(failed.status).toBe('failed');
+    expect(failed.summary.detail).toMatchObject({
+      details: { budget: 'maxWallClockMs', limit: 500, stepId: 'work' },
+    });
+    // Well past the step's wall clock, counted from its first attempt.
+    await new Promise((ok) => setTimeout(ok, 600));
+    await runtime.resume(run.runId);
+    const done = await run.settled({ timeoutMs: 20_000 });
+    expect(done.status).toBe('succeeded');
+    expect(done.steps[0]).toMatchObject({ status: 'SUCCEEDED', attempt: 2 });
+    expect(invoked).toEqual([1, 2]);
   });
 });

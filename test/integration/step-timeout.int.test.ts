@@ -264,4 +264,63 @@ describe('step timeoutMs', () => {
       [1, 'timeout'],
     ]);
   });
+
+  describe('an atomic agent step', () => {
+    const writer = () =>
+      defineAgent({
+        name: 'writer',
+        model: 'gpt-4o-mini',
+        provider: { baseURL: model.url, apiKey: 'test-key' },
+        systemPrompt: 'Write.',
+        // The agent's own model-call timeout is far longer: the step's timeoutMs is what fires.
+        timeoutMs: 20_000,
+      });
+    const plan = (maxAttempts: number): PlanInput => ({
+      name: 'atomic-timeout',
+      steps: [
+        {
+          id: 'write',
+          kind: 'agent',
+          agent: 'writer',
+          timeoutMs: 1500,
+          retry: { ...RETRY, maxAttempts },
+        },
+      ],
+    });
+
+    it('bounds one attempt: a model reply slower than timeoutMs fails it with timeout, and the retry asks again', async () => {
+      await start({ agents: [writer()] });
+      model.enqueue({ fault: 'delay', ms: 8000, then: { text: 'too late' } }, { text: 'Done.' });
+      const run = await runtime.start(plan(2), 'Go.');
+      const done = await run.settled({ timeoutMs: 20_000 });
+      expect(done.summary).toMatchObject({ status: 'succeeded', detail: null });
+      expect(done.steps[0]).toMatchObject({ status: 'SUCCEEDED', attempt: 2 });
+      expect(done.summary.produced['write']).toMatchObject({ answer: 'Done.' });
+      // One request per attempt: the first was cut off unanswered.
+      expect(model.requestCount).toBe(2);
+      expect(model.requests[0]!.answered).toBe(false);
+      expect(failures(await events(run.runId))).toMatchObject([
+        { attempt: 1, error: { code: 'timeout', retryable: true, name: 'StepTimeoutError' } },
+      ]);
+    });
+
+    it('fails the step once every attempt timed out (retries exhausted), one model request each', async () => {
+      await start({ agents: [writer()] });
+      const slow = { fault: 'delay' as const, ms: 8000, then: { text: 'too late' } };
+      model.enqueue(slow, slow, { text: 'never asked' });
+      const run = await runtime.start(plan(2), 'Go.');
+      const done = await run.settled({ timeoutMs: 20_000 });
+      expect(done.status).toBe('failed');
+      expect(done.summary).toMatchObject({
+        blockedStep: 'write',
+        reason: 'retries_exhausted',
+        detail: { code: 'timeout', details: { timeoutMs: 1500 } },
+      });
+      expect(model.requestCount).toBe(2);
+      expect(failures(await events(run.runId)).map((f) => [f.attempt, f.error.code])).toEqual([
+        [1, 'timeout'],
+        [2, 'timeout'],
+      ]);
+    });
+  });
 });

@@ -298,6 +298,146 @@ describe('run machine rules', () => {
   });
 });
 
+describe('run machine: skipping a step that failed or was cancelled', () => {
+  it('a failed step skipped: its cancelled dependents reopen, transitively, and the run goes on', () => {
+    const t = trace(line, [
+      e.fail('fetch', 1, false),
+      e.skip('fetch'),
+      e.ok('report'),
+      e.ok('send'),
+    ]);
+    expect(t.text).toMatchInlineSnapshot(`
+      "
+      start ⇒ running | fetch:PENDING→READY | execute fetch#1
+      step.failed fetch#1 ⇒ failed | fetch:READY→FAILED_FINAL report:PENDING→CANCELLED send:PENDING→CANCELLED
+      step.skipped fetch ⇒ running | fetch:FAILED_FINAL→SKIPPED report:CANCELLED→READY send:CANCELLED→PENDING | execute report#1
+      step.succeeded report#1 ⇒ running | report:READY→SUCCEEDED send:PENDING→READY | execute send#1
+      step.succeeded send#1 ⇒ succeeded | send:READY→SUCCEEDED
+      end: fetch=SKIPPED report=SUCCEEDED send=SUCCEEDED
+      "
+    `);
+    const fetch = runSteps(t.snapshot).find((s) => s.stepId === 'fetch');
+    // The skip's reason; the attempts made are kept.
+    expect(fetch).toMatchObject({ status: 'SKIPPED', reason: 'not needed', attempt: 1 });
+  });
+
+  it('a dependent cancelled because of another failure stays cancelled; the run stays failed', () => {
+    const t = trace(diamond, [
+      e.ok('a'),
+      e.fail('b', 1, false),
+      e.fail('c', 1, false),
+      e.skip('b'),
+    ]);
+    expect(t.text).toMatchInlineSnapshot(`
+      "
+      start ⇒ running | a:PENDING→READY | execute a#1
+      step.succeeded a#1 ⇒ running | a:READY→SUCCEEDED b:PENDING→READY c:PENDING→READY | execute b#1, execute c#1
+      step.failed b#1 ⇒ running | b:READY→FAILED_FINAL d:PENDING→CANCELLED
+      step.failed c#1 ⇒ failed | c:READY→FAILED_FINAL
+      step.skipped b ⇒ failed | b:FAILED_FINAL→SKIPPED
+      end: a=SUCCEEDED b=SKIPPED c=FAILED_FINAL d=CANCELLED
+      "
+    `);
+    expect(t.last.accepted).toBe(true);
+    // Skipping c too lets d run.
+    const next = advanceRun(t.snapshot, e.skip('c'));
+    expect(next.status).toBe('running');
+    expect(next.planned).toEqual([{ type: 'step.execute', stepId: 'd', attempt: 1 }]);
+  });
+
+  it('a step that failed in a running run is skipped: its dependent reopens, the other branch goes on', () => {
+    const t = trace(diamond, [e.ok('a'), e.fail('b', 1, false), e.skip('b'), e.ok('c'), e.ok('d')]);
+    expect(t.text).toMatchInlineSnapshot(`
+      "
+      start ⇒ running | a:PENDING→READY | execute a#1
+      step.succeeded a#1 ⇒ running | a:READY→SUCCEEDED b:PENDING→READY c:PENDING→READY | execute b#1, execute c#1
+      step.failed b#1 ⇒ running | b:READY→FAILED_FINAL d:PENDING→CANCELLED
+      step.skipped b ⇒ running | b:FAILED_FINAL→SKIPPED d:CANCELLED→PENDING
+      step.succeeded c#1 ⇒ running | c:READY→SUCCEEDED d:PENDING→READY | execute d#1
+      step.succeeded d#1 ⇒ succeeded | d:READY→SUCCEEDED
+      end: a=SUCCEEDED b=SKIPPED c=SUCCEEDED d=SUCCEEDED
+      "
+    `);
+  });
+
+  it('a cancelled step skipped, its failed upstream kept: its own dependents reopen, the run still fails', () => {
+    const t = trace(line, [e.fail('fetch', 1, false), e.skip('report'), e.ok('send')]);
+    expect(t.text).toMatchInlineSnapshot(`
+      "
+      start ⇒ running | fetch:PENDING→READY | execute fetch#1
+      step.failed fetch#1 ⇒ failed | fetch:READY→FAILED_FINAL report:PENDING→CANCELLED send:PENDING→CANCELLED
+      step.skipped report ⇒ running | report:CANCELLED→SKIPPED send:CANCELLED→READY | execute send#1
+      step.succeeded send#1 ⇒ failed | send:READY→SUCCEEDED
+      end: fetch=FAILED_FINAL report=SKIPPED send=SUCCEEDED
+      "
+    `);
+  });
+
+  it('a rejected gate skipped: its dependent runs; a reopened gate asks for approval again', () => {
+    const t = trace(gated, [e.ok('draft'), e.reject('review'), e.skip('review'), e.ok('send')]);
+    expect(t.last.status).toBe('succeeded');
+    // The gate's upstream skipped instead: the gate is reopened and waits for a person again.
+    const upstream = trace(gated, [e.fail('draft', 1, false), e.skip('draft')]);
+    expect(upstream.last.status).toBe('waiting');
+    expect(upstream.last.planned).toEqual([{ type: 'step.requestApproval', stepId: 'review' }]);
+  });
+
+  it('a step cancelled by a budget stop is not reopened by a skip; a stopped run stays failed', () => {
+    const t = trace(diamond, [e.ok('a'), e.fail('b', 1, false), e.stop(), e.skip('b')]);
+    expect(t.last.accepted).toBe(true);
+    expect(t.last.status).toBe('failed');
+    const byId = Object.fromEntries(runSteps(t.snapshot).map((s) => [s.stepId, s]));
+    expect(byId['b']).toMatchObject({ status: 'SKIPPED' });
+    // c was cancelled by the stop: it stays so, and d, which needs it, stays cancelled too.
+    expect(byId['c']).toMatchObject({ status: 'CANCELLED', reason: 'budget_exceeded' });
+    expect(byId['d']).toMatchObject({ status: 'CANCELLED', reason: 'upstream_failed' });
+    // A resume reopens them; the skipped step stays skipped.
+    const resumed = advanceRun(t.snapshot, e.resume());
+    expect(resumed.changes.map((c) => `${c.stepId}:${c.from}→${c.to}`)).toEqual([
+      'c:CANCELLED→READY',
+      'd:CANCELLED→PENDING',
+    ]);
+  });
+
+  it('a SUCCEEDED or SKIPPED step, a cancelled run, or a skip naming an attempt: refused, nothing changes', () => {
+    const succeeded = trace(diamond, [e.ok('a')]);
+    const t1 = advanceRun(succeeded.snapshot, e.skip('a'));
+    expect(t1.accepted).toBe(false);
+    expect(t1.snapshot).toEqual(succeeded.snapshot);
+    const skipped = trace(diamond, [e.ok('a'), e.skip('b')]);
+    expect(advanceRun(skipped.snapshot, e.skip('b')).accepted).toBe(false);
+    const cancelled = trace(diamond, [e.ok('a'), e.fail('b', 1, false), e.ok('c'), e.cancel()]);
+    expect(cancelled.last.status).toBe('cancelled');
+    expect(advanceRun(cancelled.snapshot, e.skip('b')).accepted).toBe(false);
+    expect(advanceRun(cancelled.snapshot, e.skip('d')).accepted).toBe(false);
+    // A worker's late "nothing to do" for an attempt of a step that has ended is ignored.
+    const failed = trace(diamond, [e.ok('a'), e.fail('b', 1, false), e.ok('c')]);
+    const late = advanceRun(failed.snapshot, { ...e.skip('b'), attempt: 1 });
+    expect(late.accepted).toBe(false);
+  });
+
+  it('advanceRun gives what a run held open gives', () => {
+    const events = [e.ok('a'), e.fail('b', 1, false), e.ok('c'), e.skip('b'), e.ok('d')];
+    const first = startRun(diamond, { runId: 'r', at: T0 });
+    const open = openRun(first.snapshot);
+    let snapshot = first.snapshot;
+    for (const event of events) {
+      const one = advanceRun(snapshot, event);
+      const held = open.send(event);
+      expect(JSON.parse(JSON.stringify(one.snapshot))).toEqual(
+        JSON.parse(JSON.stringify(held.snapshot)),
+      );
+      expect([one.planned, one.changes, one.status]).toEqual([
+        held.planned,
+        held.changes,
+        held.status,
+      ]);
+      snapshot = one.snapshot;
+    }
+    expect(runStatus(snapshot)).toBe('succeeded');
+  });
+});
+
 describe('the kernel: one event at a time', () => {
   const longLine = planOf(
     ['s0', 's1', 's2', 's3', 's4'].map((id, i) => ({
