@@ -230,5 +230,5 @@ describe('run machine invariants over the graph xstate enumerates', () => {
       endings.add(path.state.context.value);
     }
     expect([...endings].sort()).toEqual(['cancelled', 'failed', 'running', 'succeeded', 'waiting']);
-  }, 60_000);
+  }, 120_000);
 });

@@ -76,6 +76,7 @@ describe('feeding an attempt start with its result as one', () => {
       }
       expect(compared).toBeGreaterThan(20);
     },
+    120_000,
   );
 
   it('declines what it cannot feed as one, and feeds nothing then', () => {
