@@ -1,16 +1,21 @@
 /**
  * Where the CLI's Redis is: `--redis URL`, else `REDIS_URL`, else the embedded redis-server of
- * `.flujo/redis` in the working directory (started detached, so it outlives the command). Every
- * connection is probed first and fails fast (connect timeout 2 s, no endless retries).
+ * `.flujo/redis` in the project of the working directory (started detached, so it outlives the
+ * command). Every connection is probed first and fails fast (connect timeout 2 s, no endless
+ * retries).
  */
 import { existsSync } from 'node:fs';
-import { dirname, join, resolve } from 'node:path';
 import { Redis } from 'ioredis';
 import { RunNotFoundError, RunRemovedError } from '../errors.js';
 import { createRetentionStore } from '../persistence/retention.js';
 import { createKeys, isRunId, type Keys } from '../persistence/keys.js';
 import { readMetaField, runExists, writeMetaField } from '../persistence/run-lookups.js';
-import { ensureEmbeddedRedis, type DetachedRedis } from '../persistence/embedded-redis.js';
+import {
+  embeddedDataDir,
+  ensureEmbeddedRedis,
+  projectRoot,
+  type DetachedRedis,
+} from '../persistence/embedded-redis.js';
 import {
   DEFAULT_REDIS_TIMEOUT_MS,
   redisClientOptions,
@@ -50,22 +55,9 @@ export interface Connection {
   close(): Promise<void>;
 }
 
-/**
- * The project a command run in `cwd` belongs to: the nearest folder up that has a `.flujo`
- * folder, else the nearest that has a package.json, else `cwd` itself. Its `.flujo` holds the
- * embedded Redis and the jobs' data, so every subfolder of a project uses the same ones.
- */
-export function projectRoot(cwd: string): string {
-  let withPackage: string | undefined;
-  for (let dir = resolve(cwd); ; dir = dirname(dir)) {
-    if (existsSync(join(dir, '.flujo'))) return dir;
-    if (withPackage === undefined && existsSync(join(dir, 'package.json'))) withPackage = dir;
-    if (dirname(dir) === dir) return withPackage ?? resolve(cwd);
-  }
-}
-
-/** The embedded server's data directory for a command run in `cwd` (see {@link projectRoot}). */
-export const embeddedDataDir = (cwd: string): string => join(projectRoot(cwd), '.flujo', 'redis');
+// The project lookup is shared with `ensureEmbeddedRedis()`, so that code calling it from any
+// folder of a project reaches the very server the `flujo` command uses.
+export { embeddedDataDir, projectRoot };
 
 let currentTarget = 'Redis';
 let currentTimeoutMs = DEFAULT_REDIS_TIMEOUT_MS;
@@ -285,7 +277,9 @@ export async function connect(options: ConnectOptions): Promise<Connection> {
         const removed = await createRetentionStore({ redis, keys }).removed(runId);
         throw removed === null
           ? new RunNotFoundError(runId)
-          : new RunRemovedError(runId, removed.finishedAt, removed.retentionMs);
+          : new RunRemovedError(runId, removed.finishedAt, removed.retentionMs, {
+              failed: removed.failed,
+            });
       }
     },
     async close() {

@@ -71,6 +71,58 @@ export function resumeCommand(runId: string, modulePath: string, extra: readonly
   return [flujoInvocation(), ...words].join(' ');
 }
 
+/** The flags of `extra` that `flujo worker` takes (it has no --redis-outage-limit: it waits). */
+function workerFlags(extra: readonly string[]): string[] {
+  const flags: string[] = [];
+  for (let i = 0; i < extra.length; i += 2) {
+    if (extra[i] !== '--redis-outage-limit') flags.push(...extra.slice(i, i + 2));
+  }
+  return flags;
+}
+
+/** `flujo worker <job-module>`, ready to paste (with the flags of `extra` a worker takes). */
+export function workerCommand(modulePath: string, extra: readonly string[] = []): string {
+  const words = ['worker', displayPath(modulePath), ...workerFlags(extra)].map(shellQuote);
+  return [flujoInvocation(), ...words].join(' ');
+}
+
+/** The placeholder of a job module that a run does not record, in printed commands. */
+const UNKNOWN_MODULE = '<job-module>';
+
+/**
+ * The commands that take up a run's work: a worker, and the run's resume command. With the job
+ * module that started the run when it is known; else with the placeholder `<job-module>`, and a
+ * note that says it is one.
+ */
+export interface NextCommands {
+  worker: string;
+  resume: string;
+  /** Empty, or `" (<job-module> is a placeholder …)"` when the module is not known. */
+  note: string;
+}
+
+/** {@link NextCommands} of `runId`; `modulePath` null when the run does not record its module. */
+export function nextCommands(
+  runId: string,
+  modulePath: string | null,
+  extra: readonly string[] = [],
+): NextCommands {
+  if (modulePath !== null) {
+    return {
+      worker: workerCommand(modulePath, extra),
+      resume: resumeCommand(runId, modulePath, extra),
+      note: '',
+    };
+  }
+  const flujo = flujoInvocation();
+  const flags = (words: readonly string[]) => words.map((w) => ` ${shellQuote(w)}`).join('');
+  return {
+    worker: `${flujo} worker ${UNKNOWN_MODULE}${flags(workerFlags(extra))}`,
+    resume: `${flujo} resume ${shellQuote(runId)} ${UNKNOWN_MODULE}${flags(extra)}`,
+    note: ` (${UNKNOWN_MODULE} is a placeholder for the path of the job module that started the run, which the run does not record)`,
+  };
+}
+
 const time = (at: unknown): string =>
   typeof at === 'number' && at > 0 ? new Date(at).toISOString() : '-';
 const clock = (at: unknown): string => time(at).slice(11, 23);
@@ -368,6 +420,7 @@ export function errorLines(error: SerializedError, frames = 3): string[] {
 export function statusLines(
   report: RunReport,
   attempts: readonly AttemptTimeline[] = [],
+  next: NextCommands = nextCommands(report.runId, null),
 ): string[] {
   const width = Math.max(...report.steps.map((s) => s.stepId.length), 4);
   const lines = [
@@ -417,13 +470,13 @@ export function statusLines(
       `  progress of ${stepId} (attempt ${p.attempt}, ${clock(p.at)}): ${preview(p.info, 120)}`,
     );
   }
-  if (report.idle != null) lines.push(idleLine(report.idle));
+  if (report.idle != null) lines.push(idleLine(report.idle, next));
   return lines.concat(lineageLines(report), summaryLines(report, undefined).slice(1));
 }
 
-/** Says that due work waits for a worker, and how to start one. */
-export function idleLine(idle: NonNullable<RunReport['idle']>): string {
-  return `  no worker has taken step ${idle.stepId} for ${duration(idle.idleMs)}: start one with \`flujo worker <job-module>\` (same --redis and --prefix), or continue it with \`flujo resume <runId> <job-module>\``;
+/** Says that due work waits for a worker, and the commands that take it up. */
+export function idleLine(idle: NonNullable<RunReport['idle']>, next: NextCommands): string {
+  return `  no worker has taken step ${idle.stepId} for ${duration(idle.idleMs)}: start one with \`${next.worker}\`, or continue it with \`${next.resume}\`${next.note}`;
 }
 
 /** `flujo ledger`: one row per tool call. */

@@ -3,6 +3,7 @@ import {
   accessSync,
   closeSync,
   constants,
+  existsSync,
   mkdirSync,
   openSync,
   readFileSync,
@@ -13,14 +14,41 @@ import {
   writeFileSync,
 } from 'node:fs';
 import { createServer } from 'node:net';
-import { delimiter, join, resolve } from 'node:path';
+import { delimiter, dirname, join, resolve } from 'node:path';
 import { Redis } from 'ioredis';
 import { RedisUnavailableError } from '../errors.js';
 
+/**
+ * The project a process run in `cwd` belongs to: the nearest folder up that has a `.flujo`
+ * folder, else the nearest that has a package.json, else `cwd` itself. Its `.flujo` holds the
+ * embedded Redis and the jobs' data, so every subfolder of a project (the `flujo` command and
+ * code that calls {@link ensureEmbeddedRedis}) uses the same ones.
+ */
+export function projectRoot(cwd: string = process.cwd()): string {
+  let withPackage: string | undefined;
+  for (let dir = resolve(cwd); ; dir = dirname(dir)) {
+    if (existsSync(join(dir, '.flujo'))) return dir;
+    if (withPackage === undefined && existsSync(join(dir, 'package.json'))) withPackage = dir;
+    if (dirname(dir) === dir) return withPackage ?? resolve(cwd);
+  }
+}
+
+/**
+ * The embedded server's data directory for a process run in `cwd`: `.flujo/redis` of its
+ * {@link projectRoot}.
+ */
+export const embeddedDataDir = (cwd: string = process.cwd()): string =>
+  join(projectRoot(cwd), '.flujo', 'redis');
+
 /** Options of {@link startEmbeddedRedis} and {@link ensureEmbeddedRedis}. */
 export interface EmbeddedRedisOptions {
-  /** Where Redis keeps its append-only file. @defaultValue `.flujo/redis` of the working directory */
+  /**
+   * Where Redis keeps its append-only file. @defaultValue `.flujo/redis` of the project of `cwd`
+   * (see {@link projectRoot}), as the `flujo` command does
+   */
   dataDir?: string;
+  /** The folder whose project is used when `dataDir` is not given. @defaultValue `process.cwd()` */
+  cwd?: string;
   /** `appendfsync` policy: `always` survives a Redis crash with no loss. @defaultValue `everysec` */
   appendfsync?: 'always' | 'everysec' | 'no';
   /** The `redis-server` binary. @defaultValue `FLUJO_REDIS_SERVER`, else `redis-server` on PATH */
@@ -191,7 +219,7 @@ async function spawnServer(
 export async function startEmbeddedRedis(
   options: EmbeddedRedisOptions = {},
 ): Promise<EmbeddedRedis> {
-  const dataDir = resolve(options.dataDir ?? join('.flujo', 'redis'));
+  const dataDir = resolve(options.dataDir ?? embeddedDataDir(options.cwd));
   mkdirSync(dataDir, { recursive: true });
   const running = await findDetachedRedis(dataDir);
   if (running !== null) {
@@ -299,12 +327,13 @@ function tryLock(path: string, staleMs: number): boolean {
  * process killed with SIGKILL loses nothing that Redis acknowledged. When the recorded server is
  * gone, a new one starts on the same directory and replays its append-only file. Concurrent
  * callers start at most one server (a lock file in `dataDir`). Stop it with
- * {@link stopEmbeddedRedis}.
+ * {@link stopEmbeddedRedis}. Without `dataDir` it is `.flujo/redis` of the project (see
+ * {@link projectRoot}), from any of its subfolders: the server of the `flujo` command.
  */
 export async function ensureEmbeddedRedis(
   options: EmbeddedRedisOptions = {},
 ): Promise<DetachedRedis> {
-  const dataDir = resolve(options.dataDir ?? join('.flujo', 'redis'));
+  const dataDir = resolve(options.dataDir ?? embeddedDataDir(options.cwd));
   mkdirSync(dataDir, { recursive: true });
   const timeoutMs = options.startTimeoutMs ?? 10_000;
   const lockPath = join(dataDir, 'start.lock');
@@ -356,7 +385,7 @@ function alive(pid: number): boolean {
  * server of that directory was running.
  */
 export async function stopEmbeddedRedis(
-  dataDir: string = join('.flujo', 'redis'),
+  dataDir: string = embeddedDataDir(),
   timeoutMs = 5000,
 ): Promise<ServerInfo | null> {
   const dir = resolve(dataDir);

@@ -3,13 +3,32 @@
  * Redis, each test on its own key prefix (FLUJO_PREFIX), and against the embedded redis-server.
  */
 import type { ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import {
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  realpathSync,
+  rmSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { delimiter, join } from 'node:path';
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { root, startFlujo, type ChildResult } from '../helpers/cli.js';
-import { connect, deletePrefix, testPrefix } from '../helpers/redis.js';
+import { createRuntime } from '../../src/index.js';
+import { ensureEmbeddedRedis, stopEmbeddedRedis } from '../../src/persistence/embedded-redis.js';
+import {
+  flujoBin,
+  flujoEnv,
+  pinnedNode,
+  root,
+  spawnChild,
+  startFlujo,
+  type ChildResult,
+} from '../helpers/cli.js';
+import { connect, deletePrefix, redisUrl, testPrefix } from '../helpers/redis.js';
 
 const GATED = 'test/fixtures/jobs/gated.ts';
 const LINE = 'test/fixtures/jobs/line.ts';
@@ -419,5 +438,152 @@ describe('the embedded redis-server', { timeout: 60_000 }, () => {
     expect(r.err).toContain('Run "e1" not found: there is no embedded Redis in');
     expect(existsSync(join(empty, '.flujo'))).toBe(false);
     rmSync(empty, { recursive: true, force: true });
+  });
+});
+
+// Concurrent: most of each test is waiting for work to be idle for 5 s.
+describe('printed commands run as printed', { timeout: 60_000, concurrent: true }, () => {
+  const PAIR = 'test/fixtures/jobs/pair.ts';
+  // A folder with a `flujo` that is this very bin (a link, as npm installs bins), and the pinned
+  // Node, which the bin's `#!/usr/bin/env node` finds.
+  const shims = mkdtempSync(join(tmpdir(), 'flujo-path-'));
+  symlinkSync(flujoBin, join(shims, 'flujo'));
+  const nodeBin = join(root, 'node_modules', '.bin');
+
+  afterAll(() => rmSync(shims, { recursive: true, force: true }));
+
+  /**
+   * `flujo <args>` as a shell runs it, outside npm (no npm_command): with this `flujo` first on
+   * PATH (`onPath`), or with no `flujo` on PATH at all.
+   */
+  function shell(args: string[], prefix: string, onPath: boolean): Promise<ChildResult> {
+    const env = flujoEnv({ prefix, user: 'tester' });
+    delete env['npm_command'];
+    const path = (env['PATH'] ?? '').split(delimiter).filter((dir) => {
+      return !existsSync(join(dir, 'flujo'));
+    });
+    env['PATH'] = [...(onPath ? [shims] : []), nodeBin, ...path].join(delimiter);
+    return spawnChild(pinnedNode, [flujoBin, ...args], { env }).done;
+  }
+
+  const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+  for (const [branch, onPath, flujoCmd] of [
+    ['flujo on PATH', true, 'flujo'],
+    ['no flujo on PATH', false, 'npx flujo'],
+  ] as const) {
+    it(`${branch}: run, approve and status print \`${flujoCmd} …\` with the job module's path`, async () => {
+      const prefix = newPrefix();
+      const run = await shell(['run', GATED], prefix, onPath);
+      expect(run.code, run.err).toBe(3);
+      const runId = runIdOf(run);
+      expect(run.lines[1]).toBe(`resume: ${flujoCmd} resume ${runId} ${GATED}`);
+      expect(run.out).toContain(
+        `waiting for approval: review (${flujoCmd} approve ${runId} review`,
+      );
+
+      // Approved, `review` is due and no worker runs: the hint names the module, then status does.
+      const approve = await shell(['approve', runId, 'review'], prefix, onPath);
+      expect(approve.code, approve.err).toBe(0);
+      expect(approve.out).toContain(
+        `run ${runId} is running; continue it with \`${flujoCmd} resume ${runId} ${GATED}\` (or a running \`${flujoCmd} worker ${GATED}\`)\n`,
+      );
+      await sleep(5200);
+      const status = await shell(['status', runId], prefix, onPath);
+      expect(status.code, status.err).toBe(0);
+      expect(status.out).toMatch(
+        new RegExp(
+          `\\n {2}no worker has taken step review for \\d+\\.\\d s: start one with \`${flujoCmd} worker ${GATED}\`, or continue it with \`${flujoCmd} resume ${runId} ${GATED}\`\\n`,
+        ),
+      );
+      if (!onPath) return;
+      // Run exactly as printed, by a shell: it finishes the run.
+      const printed = /continue it with `([^`]+)`/.exec(status.out)![1]!;
+      const env = flujoEnv({ prefix, user: 'tester' });
+      delete env['npm_command'];
+      env['PATH'] = [shims, nodeBin, env['PATH'] ?? ''].join(delimiter);
+      const resumed = await spawnChild('/bin/sh', ['-c', printed], { env }).done;
+      expect(resumed.code, resumed.err).toBe(0);
+      expect(resumed.out).toContain(`run ${runId} succeeded`);
+    });
+  }
+
+  it('flujo run: due work no worker takes is reported with the worker and resume commands of the module', async () => {
+    const prefix = newPrefix();
+    const run = await flujo(['run', PAIR, '--concurrency', '1'], { prefix });
+    expect(run.code, run.err).toBe(0);
+    const runId = runIdOf(run);
+    const notice = run.lines.filter((l) => l.includes('no worker has taken'));
+    expect(notice).toHaveLength(1);
+    expect(notice[0]).toMatch(
+      new RegExp(
+        `^ {2}no worker has taken step [ab] for \\d+\\.\\d s: start one with \`npx flujo worker ${PAIR}\`, or continue it with \`npx flujo resume ${runId} ${PAIR}\`$`,
+      ),
+    );
+  });
+
+  it('flujo status of a run that does not record its module: the placeholder says it is one', async () => {
+    const prefix = newPrefix();
+    const runtime = createRuntime({ redis: redisUrl(), prefix }).operator('a', () => null);
+    try {
+      const { runId } = await runtime.start({
+        name: 'p',
+        steps: [{ id: 'a', kind: 'operator', operator: 'a' }],
+      });
+      await sleep(5200);
+      const status = await flujo(['status', runId], { prefix });
+      expect(status.code, status.err).toBe(0);
+      expect(status.out).toContain(`no worker has taken step a for `);
+      expect(status.out).toContain(
+        `start one with \`npx flujo worker <job-module>\`, or continue it with \`npx flujo resume ${runId} <job-module>\` (<job-module> is a placeholder for the path of the job module that started the run, which the run does not record)`,
+      );
+      await runtime.cancel(runId, { by: 'tester' });
+    } finally {
+      await runtime.close();
+    }
+  });
+});
+
+describe('one embedded Redis per project', { timeout: 60_000 }, () => {
+  const project = mkdtempSync(join(tmpdir(), 'flujo-project-'));
+  const deep = join(project, 'src', 'jobs');
+  const dataDir = join(project, '.flujo', 'redis');
+  writeFileSync(join(project, 'package.json'), '{ "type": "module" }\n');
+  mkdirSync(deep, { recursive: true });
+
+  afterAll(async () => {
+    await stopEmbeddedRedis(dataDir);
+    rmSync(project, { recursive: true, force: true });
+  });
+
+  it('ensureEmbeddedRedis() from a subfolder starts the server of the project, which flujo and every subfolder reuse', async () => {
+    // A process in a subfolder, with the default options: the project's .flujo/redis.
+    const script =
+      'const m = await import(process.argv[1]); const r = await m.ensureEmbeddedRedis(); console.log(JSON.stringify(r));';
+    const child = await spawnChild(
+      pinnedNode,
+      ['--input-type=module', '-e', script, join(root, 'dist', 'testing', 'index.js')],
+      { cwd: deep },
+    ).done;
+    expect(child.code, child.err).toBe(0);
+    const first = JSON.parse(child.out) as { port: number; dataDir: string; started: boolean };
+    expect(first).toMatchObject({ started: true, dataDir: realpathSync(dataDir) });
+    expect(existsSync(join(deep, '.flujo'))).toBe(false);
+
+    // The flujo command, from the project's root and from the subfolder, uses that one.
+    for (const cwd of [project, deep]) {
+      const list = await flujo(['list'], { cwd, embedded: true });
+      expect(list.code, list.err).toBe(0);
+      expect(list.err).toBe('');
+    }
+    // In this process, from the subfolder (the cwd option), too.
+    const again = await ensureEmbeddedRedis({ cwd: deep });
+    expect(again).toMatchObject({ started: false, port: first.port });
+    expect(realpathSync(again.dataDir)).toBe(realpathSync(dataDir));
+
+    const stop = await flujo(['redis', 'stop'], { cwd: deep, embedded: true });
+    expect(stop.code, stop.err).toBe(0);
+    expect(stop.out).toContain(`(pid `);
+    expect(stop.out).toContain(`port ${first.port}`);
   });
 });

@@ -1,8 +1,16 @@
+import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { listFilterOf, parseTimeOption } from '../../src/cli/commands/list.js';
 import type { Ctx } from '../../src/cli/context.js';
 import { CliError } from '../../src/cli/exit-codes.js';
-import { attemptsOf, duration, eventLine, idleLine, listLines } from '../../src/cli/render.js';
+import {
+  attemptsOf,
+  duration,
+  eventLine,
+  idleLine,
+  listLines,
+  nextCommands,
+} from '../../src/cli/render.js';
 import { checkRunListFilter } from '../../src/worker/run-list.js';
 import type { StoredRunEvent } from '../../src/persistence/snapshot-store.js';
 
@@ -142,8 +150,13 @@ describe('how runs are shown', () => {
       /^r1\s+p\s+acme\s+waiting\s+-\s+1 min 30 s\s+review \(waits for approval\)$/,
     );
     expect(listLines([], 0)).toEqual(['no runs']);
-    expect(idleLine({ stepId: 's', dueSince: 0, idleMs: 6000 })).toContain(
-      'no worker has taken step s for 6.0 s: start one with `flujo worker <job-module>`',
+    const idle = { stepId: 's', dueSince: 0, idleMs: 6000 };
+    const flags = ['--redis', 'redis://h:1', '--redis-outage-limit', '5000'];
+    expect(idleLine(idle, nextCommands('r1', join(process.cwd(), 'jobs/x.ts'), flags))).toMatch(
+      /^ {2}no worker has taken step s for 6\.0 s: start one with `(npx )?flujo worker jobs\/x\.ts --redis redis:\/\/h:1`, or continue it with `(npx )?flujo resume r1 jobs\/x\.ts --redis redis:\/\/h:1 --redis-outage-limit 5000`$/,
+    );
+    expect(idleLine(idle, nextCommands('r1', null))).toMatch(
+      /start one with `(npx )?flujo worker <job-module>`, or continue it with `(npx )?flujo resume r1 <job-module>` \(<job-module> is a placeholder for the path of the job module that started the run/,
     );
   });
 });

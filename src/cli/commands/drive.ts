@@ -10,7 +10,7 @@ import type { Connection } from '../connect.js';
 import { CliError, ExitCode } from '../exit-codes.js';
 import { watchRedis } from '../outage.js';
 import { createLiveState, type LiveStore } from '../live-state.js';
-import { exitCodeOf, idleLine, progressLine, summaryLines } from '../render.js';
+import { exitCodeOf, idleLine, progressLine, summaryLines, type NextCommands } from '../render.js';
 
 /** How to drive. */
 export interface DriveOptions {
@@ -20,6 +20,8 @@ export interface DriveOptions {
   concurrency: number;
   /** The resume command, for the summary and for an interruption. */
   resume: string;
+  /** The worker and resume commands, for the notice of due work that no worker takes. */
+  next: NextCommands;
   /** Hide streamed agent text. @defaultValue false */
   quiet?: boolean;
   /** The connection, watched for outages. */
@@ -79,7 +81,7 @@ async function liveView(
           if (idle !== null && !state.getSnapshot().context.toldIdle.includes(idle.stepId)) {
             state.trigger.idleTold({ stepId: idle.stepId });
             if (options.json) line(JSON.stringify({ type: 'idle', ...idle }));
-            else line(idleLine(idle).replace('<runId>', runId));
+            else line(idleLine(idle, options.next));
           }
           arm();
         },

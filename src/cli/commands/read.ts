@@ -1,12 +1,13 @@
 /** `flujo status`, `events`, `ledger` and `usage`: reading a run (no job module needed). */
-import { checkRunId, connect, type Connection } from '../connect.js';
-import type { Ctx } from '../context.js';
+import { checkRunId, connect, runModule, type Connection } from '../connect.js';
+import { repeatFlags, type Ctx } from '../context.js';
 import { ExitCode, badInput } from '../exit-codes.js';
 import {
   attemptsOf,
   eventLine,
   exitCodeOf,
   ledgerLines,
+  nextCommands,
   statusLines,
   usageLines,
 } from '../render.js';
@@ -43,7 +44,15 @@ export async function cmdStatus(ctx: Ctx): Promise<number> {
     for await (const e of runtime.events(runId)) events.push(e);
     const attempts = attemptsOf(events);
     if (ctx.values.json === true) console.log(JSON.stringify({ ...report, attempts }));
-    else for (const line of statusLines(report, attempts)) console.log(line);
+    else {
+      // Due work no worker takes: the commands to take it up name the job module the run
+      // records (`flujo run` records it).
+      const next =
+        report.idle === null
+          ? undefined
+          : nextCommands(runId, await runModule(conn, runId), repeatFlags(ctx.values));
+      for (const line of statusLines(report, attempts, next)) console.log(line);
+    }
     return exitCodeOf(report);
   });
 }

@@ -14,7 +14,13 @@ import {
 import { ExitCode, badInput } from '../exit-codes.js';
 import { loadJobModule, runSetup, type JobModule } from '../job-module.js';
 import { parseOutageLimit, watchRedis } from '../outage.js';
-import { resumeCommand, workerStatusJson, workerStatusLine } from '../render.js';
+import {
+  nextCommands,
+  resumeCommand,
+  workerStatusJson,
+  workerStatusLine,
+  type NextCommands,
+} from '../render.js';
 import type { FlujoWorker } from '../../worker/worker.js';
 import { drive, finish, lastEventId } from './drive.js';
 import { runtimeCore } from '../../runtime.js';
@@ -111,12 +117,14 @@ export async function cmdRun(ctx: Ctx): Promise<number> {
         checkSamePlan(await handle.status(), job);
         warnIfPlanChanged(handle.runId, (await runtimeCore(runtime).meta(handle.runId)).plan, job);
       }
+      const next = nextCommands(handle.runId, job.file, repeatFlags(v));
       if (handle.created)
         return await drive(runtime, handle.runId, {
           after: undefined,
           json,
           concurrency,
           resume,
+          next,
           quiet: v.quiet === true,
           conn,
           outageLimitMs,
@@ -126,6 +134,7 @@ export async function cmdRun(ctx: Ctx): Promise<number> {
         concurrency,
         outageLimitMs,
         resume,
+        next,
         resumeFailed: false,
         by: '',
         quiet: v.quiet === true,
@@ -159,7 +168,8 @@ export async function cmdResume(ctx: Ctx): Promise<number> {
       await conn.requireRun(runId);
       checkSamePlan(await runtime.status(runId), job);
       warnIfPlanChanged(runId, (await runtimeCore(runtime).meta(runId)).plan, job);
-      const resume = resumeCommand(runId, job.file, repeatFlags(v));
+      const next = nextCommands(runId, job.file, repeatFlags(v));
+      const resume = next.resume;
       const teardown = await runSetup(job, ctx.cwd, runtime);
       try {
         return await proceed(conn, runtime, runId, {
@@ -167,6 +177,7 @@ export async function cmdResume(ctx: Ctx): Promise<number> {
           concurrency,
           outageLimitMs,
           resume,
+          next,
           resumeFailed: true,
           by,
           quiet: v.quiet === true,
@@ -192,6 +203,7 @@ async function proceed(
     concurrency: number;
     outageLimitMs: number;
     resume: string;
+    next: NextCommands;
     resumeFailed: boolean;
     by: string;
     quiet: boolean;
@@ -209,6 +221,7 @@ async function proceed(
     json: o.json,
     concurrency: o.concurrency,
     resume: o.resume,
+    next: o.next,
     quiet: o.quiet,
     conn,
     outageLimitMs: o.outageLimitMs,

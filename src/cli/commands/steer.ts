@@ -3,19 +3,18 @@ import type { JsonValue } from '../../internal/json.js';
 import { checkRunId } from '../connect.js';
 import { parseJsonOption, whoDecides, type Ctx } from '../context.js';
 import { ExitCode, badInput } from '../exit-codes.js';
-import { flujoInvocation, resumeCommand, shellQuote } from '../render.js';
+import { nextCommands } from '../render.js';
 import { runModule, type Connection } from '../connect.js';
 import { repeatFlags } from '../context.js';
 import { withRun } from './read.js';
 
-/** How to go on with a run: its resume command, with the job module that started it when known. */
+/**
+ * How to go on with a run: its resume command, or a worker, with the job module that started it
+ * when the run records it (else a placeholder, said to be one).
+ */
 async function continueHint(conn: Connection, runId: string, ctx: Ctx): Promise<string> {
-  const file = await runModule(conn, runId);
-  const resume =
-    file === null
-      ? `${flujoInvocation()} resume ${shellQuote(runId)} <job-module>`
-      : resumeCommand(runId, file, repeatFlags(ctx.values));
-  return `continue it with \`${resume}\` (or a running \`${flujoInvocation()} worker\`)`;
+  const next = nextCommands(runId, await runModule(conn, runId), repeatFlags(ctx.values));
+  return `continue it with \`${next.resume}\` (or a running \`${next.worker}\`)${next.note}`;
 }
 
 /** `flujo approve|reject <runId> <stepId> [--by NAME] [--comment TEXT] [--json]` */
