@@ -74,7 +74,7 @@ Usage:
       policies exist); print the steps in dependency order
   flujo init [dir]                                scaffold a project with a typed job module
       (package.json with "type": "module" and scripts, jobs/hello.ts, tsconfig.json, README.md)
-  flujo redis stop                                stop the embedded redis-server of this directory
+  flujo redis stop                                stop the embedded redis-server of this project
   flujo --version | --help
 
 Job module (run, resume, worker): an ES module (.js, .mjs or .ts; it imports the package as
@@ -93,7 +93,8 @@ Job module (run, resume, worker): an ES module (.js, .mjs or .ts; it imports the
 The other commands need no job module: the plan is stored with the run.
 
 Redis: --redis URL, else REDIS_URL, else an embedded redis-server with AOF, its data in
-.flujo/redis of the working directory. The embedded server is started detached and KEEPS RUNNING
+.flujo/redis of the project (the nearest folder up with .flujo/, else with package.json, else the
+working directory). The embedded server is started detached and KEEPS RUNNING
 after the command, so the next command (and a resume after a crash) reuses it; stop it with
 \`flujo redis stop\`. --prefix P (or FLUJO_PREFIX) sets the key prefix (default flujo); every
 worker on a prefix must know the operators of the runs on it. --by defaults to $USER, else "cli".

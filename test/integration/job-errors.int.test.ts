@@ -14,16 +14,19 @@ import { root, runFlujo } from '../helpers/cli.js';
 import { connect, deleteRuntimeKeys, redisUrl, testPrefix } from '../helpers/redis.js';
 
 const prefix = testPrefix();
+// The refusals run under a prefix of their own, which nothing else writes: "nothing written" is
+// then "no key at all", untouched by what the runs of the other tests leave expiring.
+const refusals = testPrefix();
 
-const flujo = (args: string[], cwd = root, nodeArgs: string[] = []) =>
-  runFlujo(args, { prefix, cwd, nodeArgs });
+const flujo = (args: string[], cwd = root, nodeArgs: string[] = [], under = prefix) =>
+  runFlujo(args, { prefix: under, cwd, nodeArgs });
 
 /** How many keys the test prefix has: a refused module must leave it unchanged. */
 async function keyCount(): Promise<number> {
   const redis = connect();
   try {
-    const [, keys] = await redis.scan('0', 'MATCH', `${prefix}*`, 'COUNT', 10_000);
-    const [, queue] = await redis.scan('0', 'MATCH', `{${prefix}:q}*`, 'COUNT', 10_000);
+    const [, keys] = await redis.scan('0', 'MATCH', `${refusals}*`, 'COUNT', 10_000);
+    const [, queue] = await redis.scan('0', 'MATCH', `{${refusals}:q}*`, 'COUNT', 10_000);
     return keys.length + queue.length;
   } finally {
     redis.disconnect();
@@ -41,6 +44,7 @@ function project(files: Record<string, string>): string {
 afterAll(async () => {
   for (const d of dirs) rmSync(d, { recursive: true, force: true });
   await deleteRuntimeKeys(prefix);
+  await deleteRuntimeKeys(refusals);
 });
 
 describe('a failed attempt keeps what was thrown', () => {
@@ -120,8 +124,9 @@ describe('a job module is checked before anything is written', () => {
     const source = 'export const plan = {\n  name: "x",\n  steps: [ oops oops ]\n};\n';
     const dir = project({ 'bad.mjs': source, 'bad.ts': source });
     const before = await keyCount();
+    expect(before).toBe(0);
     for (const file of ['bad.mjs', 'bad.ts']) {
-      const r = await flujo(['run', file], dir);
+      const r = await flujo(['run', file], dir, [], refusals);
       expect(r.code, r.err).toBe(2);
       expect(r.err).toContain(`syntax error at "${file}:3:17"`);
     }
@@ -130,7 +135,8 @@ describe('a job module is checked before anything is written', () => {
 
   it('a misspelt export is named with what was meant, and nothing is written', async () => {
     const before = await keyCount();
-    const r = await flujo(['run', 'test/fixtures/jobs/misspelt.ts']);
+    expect(before).toBe(0);
+    const r = await flujo(['run', 'test/fixtures/jobs/misspelt.ts'], root, [], refusals);
     expect(r.code).toBe(2);
     expect(r.err.trim()).toBe(
       'flujo run: job module "test/fixtures/jobs/misspelt.ts" exports "operator", which flujo does not read; did you mean "operators"? Rename it: `export const operators = …`',
@@ -139,7 +145,7 @@ describe('a job module is checked before anything is written', () => {
       'job.mjs':
         "export const plan = { name: 'p', steps: [] };\nexport const operators = {};\nexport const tool = [];\n",
     });
-    const t = await flujo(['run', 'job.mjs'], tool);
+    const t = await flujo(['run', 'job.mjs'], tool, [], refusals);
     expect(t.code).toBe(2);
     expect(t.err).toContain('exports "tool", which flujo does not read; did you mean "tools"?');
     expect(await keyCount()).toBe(before);
@@ -147,11 +153,12 @@ describe('a job module is checked before anything is written', () => {
 
   it('ES module code in a CommonJS package says so and how to fix it', async () => {
     const before = await keyCount();
+    expect(before).toBe(0);
     const dir = project({
       'package.json': '{ "type": "commonjs" }',
       'job.js': "import { readFileSync } from 'node:fs';\nexport const plan = {};\n",
     });
-    const r = await flujo(['run', 'job.js'], dir);
+    const r = await flujo(['run', 'job.js'], dir, [], refusals);
     expect(r.code).toBe(2);
     expect(r.err).toContain(
       'it is ES module code (import/export), but its package.json (package.json) says "type": "commonjs", so Node loads it as CommonJS; add "type": "module" to that package.json, or rename the module to .mjs',
@@ -161,10 +168,11 @@ describe('a job module is checked before anything is written', () => {
 
   it('on a Node older than 22.12 the command says which version it needs, and loads nothing', async () => {
     const before = await keyCount();
+    expect(before).toBe(0);
     // The preload makes this Node report an old version, as an old Node would.
     const old =
       'data:text/javascript,Object.defineProperty(process.versions,"node",{value:"20.11.1"})';
-    const r = await flujo(['run', 'test/fixtures/jobs/line.ts'], root, ['--import', old]);
+    const r = await flujo(['run', 'test/fixtures/jobs/line.ts'], root, ['--import', old], refusals);
     expect(r.code).toBe(2);
     expect(r.out).toBe('');
     expect(r.err).toMatch(

@@ -1,9 +1,9 @@
 /** `flujo replay`: reproduce a run as stored, or start its replay, regeneration or fork. */
 import type { ReplayOptions, ReproducedRun, ReplayedRun } from '../../worker/replay.js';
-import { checkRunId } from '../connect.js';
+import { checkRunId, runModule } from '../connect.js';
 import { repeatFlags, type Ctx } from '../context.js';
 import { badInput, ExitCode } from '../exit-codes.js';
-import { shellQuote } from '../render.js';
+import { flujoInvocation, nextCommands, shellQuote } from '../render.js';
 import { withRun } from './read.js';
 
 const USAGE = 'flujo replay <runId> --mode reproduce|replay|regenerate';
@@ -55,7 +55,11 @@ export function reproducedLines(r: ReproducedRun): string[] {
 }
 
 /** What `flujo replay --mode replay|regenerate` prints. */
-export function replayedLines(r: ReplayedRun, flags: readonly string[]): string[] {
+export function replayedLines(
+  r: ReplayedRun,
+  flags: readonly string[],
+  modulePath: string | null = null,
+): string[] {
   const lines = [
     `run ${r.runId} ${r.mode === 'replay' ? 'replays' : 'regenerates'} ${r.replayOf} (lineage ${r.lineage}${r.allowEffects ? ', effects allowed' : ''})`,
   ];
@@ -64,9 +68,9 @@ export function replayedLines(r: ReplayedRun, flags: readonly string[]): string[
       `  forked from step ${r.fromStep}; reused: ${r.reusedSteps.length === 0 ? 'none' : r.reusedSteps.join(', ')}`,
     );
   }
-  const status = ['flujo', 'status', r.runId, ...flags].map(shellQuote).join(' ');
+  const next = nextCommands(r.runId, modulePath, flags);
   lines.push(
-    `  a worker runs it (flujo worker <job-module>, or flujo resume ${r.runId} <job-module>); see ${status}`,
+    `  a worker runs it (${next.worker}, or ${next.resume}); see ${[flujoInvocation(), ...['status', r.runId, ...flags].map(shellQuote)].join(' ')}${next.note}`,
   );
   return lines;
 }
@@ -95,7 +99,11 @@ export async function cmdReplay(ctx: Ctx): Promise<number> {
       return result.integrity.ok ? ExitCode.ok : ExitCode.failed;
     }
     if (ctx.values.json === true) console.log(JSON.stringify(result));
-    else for (const line of replayedLines(result, repeatFlags(ctx.values))) console.log(line);
+    else {
+      // The replay runs the plan of the original: the job module that started it knows its steps.
+      const module = await runModule(conn, runId);
+      for (const line of replayedLines(result, repeatFlags(ctx.values), module)) console.log(line);
+    }
     return ExitCode.ok;
   });
 }
