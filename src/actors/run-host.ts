@@ -6,6 +6,7 @@ import {
   runStatus,
   runSteps,
   startOpenRun,
+  checkEventStep,
   validateRunEvent,
   type OpenRun,
   type RunSnapshot,
@@ -261,6 +262,12 @@ export interface RunHost {
     event: RunEvent | readonly RunEvent[],
     loaded?: SnapshotEnvelope<RunSnapshot>,
     options?: HostCommitOptions | ((transition: RunTransition) => HostCommitOptions),
+    /**
+     * The events were built by the runtime from values it checked (a worker's results, their
+     * outputs checked as JSON): only their step ids are checked again, not their whole shape.
+     * @defaultValue false
+     */
+    checked?: boolean,
   ): Promise<AppliedEvent>;
   /**
    * The run's envelope: from the run held open in memory when its version is still the stored one
@@ -359,11 +366,14 @@ export function createRunHost({
       return envelope;
     },
 
-    async apply(runId, event, loaded, options) {
+    async apply(runId, event, loaded, options, checked = false) {
       const events: readonly RunEvent[] = Array.isArray(event) ? event : [event as RunEvent];
       let envelope = loaded ?? (await store.load(runId, WITHOUT_OUTPUTS));
       for (let conflicts = 0; ; conflicts++) {
-        const valid = events.map((e) => validateRunEvent(envelope.snapshot, e));
+        const { snapshot } = envelope;
+        const valid = events.map((e) =>
+          checked ? checkEventStep(snapshot, e) : validateRunEvent(snapshot, e),
+        );
         let status = runStatus(envelope.snapshot);
         const taken = open.take(runId, envelope.version);
         const run = taken?.run ?? openRun(envelope.snapshot);

@@ -714,7 +714,16 @@ export async function commitUnit(
     };
   };
   const events = [...c.unit.started, ...c.events];
-  const applied = await core.host.apply(runId, events, c.env, await recording(c.unit, options));
+  // The unit's events are built here, an output checked as JSON by the execution: their shape is
+  // not checked again (an output is walked once), but for a failure's error, which carries what
+  // was thrown.
+  const applied = await core.host.apply(
+    runId,
+    events,
+    c.env,
+    await recording(c.unit, options),
+    events.every((e) => e.type !== 'step.failed'),
+  );
   return { applied, next: applied.committed ? next : null };
 }
 

@@ -406,7 +406,15 @@ export function validateRunEvent(snapshot: RunSnapshot, event: unknown): RunEven
   if (!parsed.success) {
     throw new EventValidationError(zodIssuesToValidationIssues(parsed.error.issues, 'event'));
   }
-  const e = parsed.data;
+  return checkEventStep(snapshot, parsed.data);
+}
+
+/**
+ * The part of {@link validateRunEvent} that depends on the run: an event about a step must name
+ * one of its steps. For events whose shape is known good (built by the runtime from values it
+ * checked); throws `EventValidationError`.
+ */
+export function checkEventStep(snapshot: RunSnapshot, e: RunEvent): RunEvent {
   if ('stepId' in e && !(e.stepId in snapshot.context.steps)) {
     const issue: ValidationIssue = {
       path: 'event.stepId',
