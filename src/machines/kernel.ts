@@ -1,7 +1,12 @@
 import { createActor, type Actor, type Snapshot, type SnapshotFrom } from 'xstate';
 import { EventValidationError, InvariantError, type ValidationIssue } from '../errors.js';
 import type { Plan } from '../plan/schema.js';
-import { runEventSchema, type RunEvent } from '../schemas/events.js';
+import {
+  runEventSchema,
+  type RunEvent,
+  type StepFailedEvent,
+  type StepSucceededEvent,
+} from '../schemas/events.js';
 import { zodIssuesToValidationIssues } from '../schemas/issues.js';
 import { runMachine, statusOf, type RunContext } from './run-machine.js';
 import { stepMachine, type StepMachine } from './step-machine.js';
@@ -219,6 +224,15 @@ class LiveRun implements OpenRun {
   }
 
   send(event: RunEvent): RunTransition {
+    return this.#deliver(event);
+  }
+
+  /**
+   * Feeds `event` to the run, or, with `toStep`, straight to the step actor it names: what the run
+   * does with an event about an open step is forwarding it there (`toStep`), so the step gets the
+   * same event either way and the run hears of it by the step's report, one message fewer.
+   */
+  #deliver(event: RunEvent, toStep?: StepSucceededEvent | StepFailedEvent): RunTransition {
     const before = this.#snapshot.context;
     // A run that has ended never changes.
     if (this.#snapshot.status !== 'active') {
@@ -234,7 +248,8 @@ class LiveRun implements OpenRun {
     const run = actor.getSnapshot();
     const steps = Object.values(run.children).map((child) => child?.getSnapshot());
     const planned: PlannedAction[] = [];
-    collecting(planned, () => actor.send(event));
+    const step = toStep === undefined ? undefined : run.children[toStep.stepId];
+    collecting(planned, () => (step === undefined ? actor.send(event) : step.send(toStep!)));
     check(actor);
     const next = actor.getSnapshot();
     // Nothing moved when neither the run nor any of its steps has a new snapshot.
@@ -278,7 +293,8 @@ class LiveRun implements OpenRun {
     ) {
       return null;
     }
-    const second = this.send(result);
+    // The step is open (READY): the run would forward the result to it.
+    const second = this.#deliver(result, result);
     if (!second.accepted) return null;
     return [
       {
