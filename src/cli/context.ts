@@ -12,6 +12,7 @@ export interface Values {
   follow?: boolean;
   by?: string;
   comment?: string;
+  call?: string;
   reason?: string;
   out?: string;
   html?: boolean;

@@ -35,13 +35,15 @@ Usage:
       besides step and run changes: tool.called (executed or receipt replayed, duration),
       model.called (tokens, cost, duration), step.ran / turn.ran (worker host and pid, duration),
       step.takenOver / turn.takenOver (run again after its worker stopped)
-  flujo approve <runId> <stepId> [--by NAME] [--comment TEXT] [--json]
-  flujo reject <runId> <stepId> [--by NAME] [--comment TEXT] [--json]
-      decide on what the step waits for: its gate, or the tool call status shows; a gate with
-      approvers refuses anyone else (exit 2). --by is who claims to decide: a service that takes
-      decisions from people must check it (createRuntime({ authorizeDecision }))
+  flujo approve <runId> <stepId> [--call ID] [--by NAME] [--comment TEXT] [--json]
+  flujo reject <runId> <stepId> [--call ID] [--by NAME] [--comment TEXT] [--json]
+      decide on what the step waits for: its gate, or the tool call status shows; --call ID
+      (the id status prints, or its start) decides only if the step still waits on that call;
+      a gate with approvers refuses anyone else (exit 2). --by is who claims to decide: a
+      service that takes decisions from people must check it (createRuntime({ authorizeDecision }))
   flujo skip <runId> <stepId> --reason TEXT [--by NAME] [--json]
-      a step that has not ended becomes SKIPPED; its dependents run with its output null
+      a step that has not succeeded becomes SKIPPED; its dependents run with its output null
+      (those its failure had cancelled run again)
   flujo cancel <runId> [--by NAME] [--reason TEXT] [--json]
   flujo trace <runId> [--out FILE] [--html]       the run's trace as JSON (every step, attempt,
       agent turn, model call, tool call and approval wait, with times); --html: a self-contained
@@ -122,6 +124,7 @@ const OPTIONS = {
   html: { type: 'boolean' },
   by: { type: 'string' },
   comment: { type: 'string' },
+  call: { type: 'string' },
   reason: { type: 'string' },
   succeeded: { type: 'string' },
   retry: { type: 'boolean' },
@@ -146,7 +149,7 @@ const OPTIONS = {
 } as const;
 
 const CONNECTS = ['redis', 'prefix', 'redis-timeout'];
-const DECIDE = ['by', 'comment', 'json', ...CONNECTS];
+const DECIDE = ['by', 'comment', 'call', 'json', ...CONNECTS];
 /** The options each command takes. */
 const ALLOWED: Record<string, readonly string[]> = {
   run: [

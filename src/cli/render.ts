@@ -346,8 +346,10 @@ export function listLines(runs: readonly RunListEntry[], now: number): string[] 
 /** The lines asking a person to decide: the step or its tool call, why, and who may decide. */
 export function approvalLines(runId: string, a: PendingApproval): string[] {
   const who = a.approvers === null ? 'NAME' : a.approvers[0]!;
+  // A pending tool call is named, so that the decision cannot land on another call.
+  const call = a.call === null ? '' : ` --call ${a.call.callId.slice(0, 12)}`;
   const lines = [
-    `  waiting for approval: ${a.stepId} (${flujoInvocation()} approve ${shellQuote(runId)} ${a.stepId} --by ${who}, or ${flujoInvocation()} reject …)`,
+    `  waiting for approval: ${a.stepId} (${flujoInvocation()} approve ${shellQuote(runId)} ${a.stepId}${call} --by ${who}, or ${flujoInvocation()} reject …)`,
   ];
   if (a.call !== null) {
     lines.push(

@@ -2,6 +2,9 @@
  * The `flujo` binary (built into dist first) deciding on gates: approvers refuse anyone else
  * (exit 2, nothing written), the gate's reason is shown where a person decides, and `flujo skip`.
  */
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runFlujo } from '../helpers/cli.js';
@@ -136,5 +139,57 @@ describe('flujo approve, reject and skip with approvers', { timeout: 60_000 }, (
     expect(again.code).toBe(2);
     expect(again.err).toContain('is SKIPPED; only a step that has not succeeded or been skipped');
     expect(await dump(prefix)).toEqual(before);
+  });
+});
+
+describe('flujo approve --call: a decision bound to the tool call a person saw', () => {
+  it('approves the named call only; another id or a stale one is refused with exit 2 and nothing changes', async () => {
+    const prefix = testPrefix();
+    prefixes.push(prefix);
+    const dir = mkdtempSync(join(tmpdir(), 'flujo-call-'));
+    const env = { EFFECT_FILE: join(dir, 'effects.log') };
+    const effects = () =>
+      existsSync(env.EFFECT_FILE)
+        ? readFileSync(env.EFFECT_FILE, 'utf8').split('\n').filter(Boolean)
+        : [];
+    const job = 'test/fixtures/jobs/risky-tool.ts';
+    const run = await runFlujo(['run', job], { prefix, user: 'tester', env });
+    expect(run.code, run.err).toBe(3);
+    const runId = /^run (\S+) /.exec(run.out)![1]!;
+    const first = /tool call ([0-9a-f]{12}): transfer@1 \{"cents":500\}/.exec(run.out)![1]!;
+    expect(run.out).toContain(`approve ${runId} pay --call ${first} --by NAME`);
+    expect(effects()).toEqual([]);
+
+    // A call id the step does not wait on: refused, nothing written.
+    const before = await dump(prefix);
+    const wrong = await flujo(['approve', runId, 'pay', '--call', 'ffffffffffff'], prefix);
+    expect(wrong.code).toBe(2);
+    expect(wrong.err).toContain(`waits on tool call ${first} (transfer@1), not ffffffffffff`);
+    expect(await dump(prefix)).toEqual(before);
+
+    const approved = await flujo(['approve', runId, 'pay', '--call', first, '--by', 'ana'], prefix);
+    expect(approved.code, approved.err).toBe(0);
+    expect(approved.out).toContain(`approved step "pay" (tool call ${first}) of run ${runId}`);
+    // The step goes on to its second call, which waits in turn; the first one ran once.
+    const resumed = await runFlujo(['resume', runId, job], { prefix, user: 'tester', env });
+    expect(resumed.code, resumed.err).toBe(3);
+    expect(effects()).toEqual(['500']);
+    const second = /tool call ([0-9a-f]{12}): transfer@1 \{"cents":700\}/.exec(resumed.out)![1]!;
+    expect(second).not.toBe(first);
+
+    // The first call's id is stale now: refused, nothing written.
+    const staleBefore = await dump(prefix);
+    const stale = await flujo(['approve', runId, 'pay', '--call', first, '--by', 'ana'], prefix);
+    expect(stale.code).toBe(2);
+    expect(stale.err).toContain(`waits on tool call ${second} (transfer@1), not ${first}`);
+    expect(await dump(prefix)).toEqual(staleBefore);
+
+    expect(
+      (await flujo(['approve', runId, 'pay', '--call', second, '--by', 'ana'], prefix)).code,
+    ).toBe(0);
+    const done = await runFlujo(['resume', runId, job], { prefix, user: 'tester', env });
+    expect(done.code, done.err).toBe(0);
+    expect(effects()).toEqual(['500', '700']);
+    rmSync(dir, { recursive: true, force: true });
   });
 });

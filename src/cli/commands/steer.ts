@@ -17,7 +17,30 @@ async function continueHint(conn: Connection, runId: string, ctx: Ctx): Promise<
   return `continue it with \`${next.resume}\` (or a running \`${next.worker}\`)${next.note}`;
 }
 
-/** `flujo approve|reject <runId> <stepId> [--by NAME] [--comment TEXT] [--json]` */
+/**
+ * The full id of the tool call `given` names (the id `flujo status` prints is its start), which
+ * step `stepId` of the run must wait on now; else a bad-input exit that says what it waits on.
+ */
+async function pendingCallId(
+  conn: Connection,
+  runId: string,
+  stepId: string,
+  given: string,
+): Promise<string> {
+  const report = await conn.runtime().status(runId);
+  const call = report.approvals.find((a) => a.stepId === stepId)?.call ?? null;
+  if (call === null) {
+    badInput(`step "${stepId}" of run ${runId} waits on no tool call; leave --call out`);
+  }
+  if (given === '' || !call.callId.startsWith(given)) {
+    badInput(
+      `step "${stepId}" of run ${runId} waits on tool call ${call.callId.slice(0, 12)} (${call.tool}), not ${given}; see \`flujo status ${runId}\``,
+    );
+  }
+  return call.callId;
+}
+
+/** `flujo approve|reject <runId> <stepId> [--call ID] [--by NAME] [--comment TEXT] [--json]` */
 export async function cmdDecide(ctx: Ctx, decision: 'approve' | 'reject'): Promise<number> {
   const runId = checkRunId(ctx.args[0], `flujo ${decision} <runId> <stepId>`);
   const stepId = ctx.args[1];
@@ -31,7 +54,15 @@ export async function cmdDecide(ctx: Ctx, decision: 'approve' | 'reject'): Promi
   const comment = ctx.values.comment;
   return withRun(ctx, runId, async (conn) => {
     const runtime = conn.runtime();
-    const input = { by, ...(comment === undefined ? {} : { comment }) };
+    const given = ctx.values.call;
+    // The runtime decides only while the step still waits on exactly this call.
+    const callId =
+      given === undefined ? undefined : await pendingCallId(conn, runId, stepId, given);
+    const input = {
+      by,
+      ...(comment === undefined ? {} : { comment }),
+      ...(callId === undefined ? {} : { callId }),
+    };
     const report =
       decision === 'approve'
         ? await runtime.approve(runId, stepId, input)
@@ -41,7 +72,8 @@ export async function cmdDecide(ctx: Ctx, decision: 'approve' | 'reject'): Promi
       return ExitCode.ok;
     }
     const done = decision === 'approve' ? 'approved' : 'rejected';
-    console.log(`${done} step "${stepId}" of run ${runId} (by ${by})`);
+    const what = callId === undefined ? '' : ` (tool call ${callId.slice(0, 12)})`;
+    console.log(`${done} step "${stepId}"${what} of run ${runId} (by ${by})`);
     if (report.status === 'running') {
       console.log(`run ${runId} is running; ${await continueHint(conn, runId, ctx)}`);
     } else {
