@@ -4,20 +4,16 @@
  * again with the same key (the service sees one key), and a later run with the same key values
  * gets the receipt and no effect at all.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { PlanInput } from '../../src/plan/schema.js';
 import { createRuntime, type Runtime } from '../../src/runtime.js';
 import { expectIntact } from '../helpers/integrity.js';
+import { killChildren, spawnReadyChild } from '../helpers/ready-child.js';
 import { deleteRuntimeKeys, redisUrl, testPrefix } from '../helpers/redis.js';
-
-const ROOT = fileURLToPath(new URL('../..', import.meta.url));
-const NODE = join(ROOT, 'node_modules', '.bin', 'node');
-const CHILD = join(ROOT, 'test', 'fixtures', 'action-child.ts');
 
 const prefix = testPrefix();
 let dir: string;
@@ -25,33 +21,12 @@ let effectFile: string;
 let runtime: Runtime;
 const children = new Set<ChildProcess>();
 
-function spawnWorker(killAt = ''): Promise<{ proc: ChildProcess; exited: Promise<unknown> }> {
-  const proc = spawn(NODE, ['--import', 'tsx', CHILD], {
-    cwd: ROOT,
-    env: {
-      ...process.env,
-      REDIS_URL: redisUrl(),
-      FLUJO_PREFIX: prefix,
-      EFFECT_FILE: effectFile,
-      FLUJO_KILL_AT: killAt,
-    },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  children.add(proc);
-  const exited = new Promise((resolve) =>
-    proc.on('close', (code, signal) => resolve(signal ?? code)),
+const spawnWorker = (killAt = '') =>
+  spawnReadyChild(
+    'action-child.ts',
+    { REDIS_URL: redisUrl(), FLUJO_PREFIX: prefix, EFFECT_FILE: effectFile, FLUJO_KILL_AT: killAt },
+    children,
   );
-  return new Promise((resolve, reject) => {
-    let out = '';
-    let err = '';
-    proc.stdout.on('data', (d: Buffer) => {
-      out += d.toString();
-      if (out.includes('ready ')) resolve({ proc, exited });
-    });
-    proc.stderr.on('data', (d: Buffer) => (err += d.toString()));
-    void exited.then((e) => reject(new Error(`worker exited before ready (${String(e)}): ${err}`)));
-  });
-}
 
 /** The effects at the service: `[runId, key, cents]`. */
 const effects = (): string[][] =>
@@ -82,7 +57,7 @@ beforeAll(() => {
   runtime = createRuntime({ redis: redisUrl(), prefix });
 });
 afterAll(async () => {
-  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
+  killChildren(children);
   await runtime.close();
   await deleteRuntimeKeys(prefix);
   rmSync(dir, { recursive: true, force: true });
@@ -92,7 +67,7 @@ describe('action keys across a SIGKILL', { timeout: 60_000 }, () => {
   it('killed after the effect, before the receipt: one key at the service, and a second run with the same key values adds no effect', async () => {
     const victim = await spawnWorker('after-tool-effect');
     const first = await runtime.start(plan, { order: { id: 'o-1', cents: 250 } });
-    expect(await victim.exited).toBe('SIGKILL');
+    expect(await victim.exited).toMatchObject({ signal: 'SIGKILL' });
     expect(effects()).toHaveLength(1);
 
     const healer = await spawnWorker();

@@ -2,7 +2,7 @@
  * A worker killed (SIGKILL) between a risky tool call's approval and its effect: another worker
  * resumes the step, the approval still covers that call, and the effect happens exactly once.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -10,18 +10,16 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createRuntime, type Runtime } from '../../src/runtime.js';
 import { expectIntact } from '../helpers/integrity.js';
+import { killChildren, spawnReadyChild } from '../helpers/ready-child.js';
 import { deleteRuntimeKeys, redisUrl, testPrefix } from '../helpers/redis.js';
 
-const ROOT = join(import.meta.dirname, '..', '..');
-const NODE = join(ROOT, 'node_modules', '.bin', 'node');
-const CHILD = join(ROOT, 'test', 'fixtures', 'driver-child.ts');
 const QUEUE = 'pay';
 
 let prefix: string;
 let dir: string;
 let effectFile: string;
 let rt: Runtime;
-const children: ChildProcess[] = [];
+const children = new Set<ChildProcess>();
 
 beforeAll(async () => {
   prefix = testPrefix();
@@ -30,22 +28,16 @@ beforeAll(async () => {
   rt = createRuntime({ redis: redisUrl(), prefix, queueName: QUEUE });
 });
 afterAll(async () => {
-  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
+  killChildren(children);
   await rt.close();
   await deleteRuntimeKeys(prefix);
   await rm(dir, { recursive: true, force: true });
 });
 
-interface Child {
-  pid: number;
-  exited: Promise<{ code: number | null; signal: string | null }>;
-}
-
-async function spawnWorker(killAt = ''): Promise<Child> {
-  const proc = spawn(NODE, ['--import', 'tsx', CHILD], {
-    cwd: ROOT,
-    env: {
-      ...process.env,
+const spawnWorker = (killAt = '') =>
+  spawnReadyChild(
+    'driver-child.ts',
+    {
       REDIS_URL: redisUrl(),
       FLUJO_PREFIX: prefix,
       QUEUE_NAME: QUEUE,
@@ -53,26 +45,8 @@ async function spawnWorker(killAt = ''): Promise<Child> {
       RECOVERY_MS: '1000',
       FLUJO_KILL_AT: killAt,
     },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  children.push(proc);
-  const exited = new Promise<{ code: number | null; signal: string | null }>((resolve) =>
-    proc.on('close', (code, signal) => resolve({ code, signal })),
+    children,
   );
-  let stderr = '';
-  proc.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
-  await new Promise<void>((resolve, reject) => {
-    let out = '';
-    proc.stdout.on('data', (c: Buffer) => {
-      out += c.toString();
-      if (out.includes('ready ')) resolve();
-    });
-    void exited.then((e) =>
-      reject(new Error(`child exited early ${JSON.stringify(e)}: ${stderr}`)),
-    );
-  });
-  return { pid: proc.pid!, exited };
-}
 
 const lines = (file: string) =>
   existsSync(file)

@@ -4,7 +4,7 @@
  * worker that ran each unit, and a unit taken over after its worker was killed. Worker children
  * (test/fixtures/driver-child.ts) are killed with SIGKILL at a debug point.
  */
-import { spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
@@ -15,17 +15,15 @@ import { z } from 'zod';
 import { createRuntime, defineAgent, defineTool, type Runtime } from '../../src/index.js';
 import type { StoredRunEvent } from '../../src/persistence/snapshot-store.js';
 import { startScriptedModelServer } from '../../src/testing/index.js';
+import { killChildren, spawnReadyChild } from '../helpers/ready-child.js';
 import { deleteRuntimeKeys, redisUrl } from '../helpers/redis.js';
 
-const ROOT = join(import.meta.dirname, '..', '..');
-const NODE = join(ROOT, 'node_modules', '.bin', 'node');
-const CHILD = join(ROOT, 'test', 'fixtures', 'driver-child.ts');
 const QUEUE = 'ev';
 
 let prefix: string;
 let dir: string;
 let rt: Runtime;
-const kills: (() => void)[] = [];
+const children = new Set<ChildProcess>();
 
 beforeEach(async () => {
   prefix = `t-${randomUUID().slice(0, 8)}`;
@@ -33,18 +31,18 @@ beforeEach(async () => {
   rt = createRuntime({ redis: redisUrl(), prefix, queueName: QUEUE });
 });
 afterEach(async () => {
-  for (const kill of kills.splice(0)) kill();
+  killChildren(children);
+  children.clear();
   await rt.close();
   await deleteRuntimeKeys(prefix);
   await rm(dir, { recursive: true, force: true });
 });
 
 /** A worker child; resolves with its pid once it is ready, and its exit. */
-async function spawnWorker(killAt = ''): Promise<{ pid: number; exited: Promise<unknown> }> {
-  const proc = spawn(NODE, ['--import', 'tsx', CHILD], {
-    cwd: ROOT,
-    env: {
-      ...process.env,
+const spawnWorker = (killAt = '') =>
+  spawnReadyChild(
+    'driver-child.ts',
+    {
       REDIS_URL: redisUrl(),
       FLUJO_PREFIX: prefix,
       QUEUE_NAME: QUEUE,
@@ -52,20 +50,8 @@ async function spawnWorker(killAt = ''): Promise<{ pid: number; exited: Promise<
       RECOVERY_MS: '800',
       FLUJO_KILL_AT: killAt,
     },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  kills.push(() => proc.kill('SIGKILL'));
-  const exited = new Promise((resolve) => proc.on('close', resolve));
-  await new Promise<void>((resolve, reject) => {
-    let out = '';
-    proc.stdout.on('data', (c: Buffer) => {
-      out += c.toString();
-      if (out.includes('ready ')) resolve();
-    });
-    void exited.then(() => reject(new Error('the worker child exited before it was ready')));
-  });
-  return { pid: proc.pid!, exited };
-}
+    children,
+  );
 
 const of = (events: readonly StoredRunEvent[], type: string) =>
   events.filter((e) => e.type === type).map((e) => e.data as Record<string, unknown>);

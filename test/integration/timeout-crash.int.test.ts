@@ -3,7 +3,7 @@
  * attempt is picked up by another worker process, its tool effect happens once, and the timeout
  * still bounds the attempt there. Worker children: test/fixtures/timeout-child.ts.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -15,11 +15,9 @@ import type { PlanInput } from '../../src/plan/schema.js';
 import { createRuntime, type Runtime, runtimeCore } from '../../src/runtime.js';
 import { effectLines } from '../fixtures/crash-tools.js';
 import { expectIntact } from '../helpers/integrity.js';
+import { killChildren, spawnReadyChild } from '../helpers/ready-child.js';
 import { connect, deletePrefix, redisUrl, testPrefix } from '../helpers/redis.js';
 
-const ROOT = join(import.meta.dirname, '..', '..');
-const NODE = join(ROOT, 'node_modules', '.bin', 'node');
-const CHILD = join(ROOT, 'test', 'fixtures', 'timeout-child.ts');
 const QUEUE = 'tmo';
 
 let redis: Redis;
@@ -28,17 +26,11 @@ let dir: string;
 let rt: Runtime;
 const children = new Set<ChildProcess>();
 
-interface Exit {
-  code: number | null;
-  signal: NodeJS.Signals | null;
-}
-
 /** Spawns a worker child and waits for its `ready` line; `exited` resolves when it is gone. */
-async function spawnWorker(env: Record<string, string>): Promise<{ exited: Promise<Exit> }> {
-  const proc = spawn(NODE, ['--import', 'tsx', CHILD], {
-    cwd: ROOT,
-    env: {
-      ...process.env,
+const spawnWorker = (env: Record<string, string>) =>
+  spawnReadyChild(
+    'timeout-child.ts',
+    {
       REDIS_URL: redisUrl(),
       FLUJO_PREFIX: prefix,
       QUEUE_NAME: QUEUE,
@@ -47,29 +39,8 @@ async function spawnWorker(env: Record<string, string>): Promise<{ exited: Promi
       FLUJO_KILL_AT: '',
       ...env,
     },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  children.add(proc);
-  let stdout = '';
-  let stderr = '';
-  const exited = new Promise<Exit>((resolve) =>
-    proc.on('close', (code, signal) => {
-      children.delete(proc);
-      resolve({ code, signal });
-    }),
+    children,
   );
-  await new Promise<void>((resolve, reject) => {
-    proc.stdout.on('data', (chunk: Buffer) => {
-      stdout += chunk.toString();
-      if (stdout.includes('ready ')) resolve();
-    });
-    proc.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
-    void exited.then((e) =>
-      reject(new Error(`child exited early (${JSON.stringify(e)}): ${stderr}`)),
-    );
-  });
-  return { exited };
-}
 
 /** The executions the children recorded: `[attempt, pid]`. */
 function executions(): [number, number][] {
@@ -117,7 +88,8 @@ beforeEach(async () => {
   rt = createRuntime({ redis: redisUrl(), prefix, queueName: QUEUE });
 });
 afterEach(async () => {
-  for (const c of children) c.kill('SIGKILL');
+  killChildren(children);
+  children.clear();
   await rt.close();
   await deletePrefix(redis, prefix);
   await rm(dir, { recursive: true, force: true });
