@@ -399,6 +399,19 @@ export function startRun(plan: Plan, options: StartRunOptions): RunTransition {
  */
 export function startOpenRun(
   plan: Plan,
+  options: StartRunOptions,
+): { transition: RunTransition; run: OpenRun } {
+  const template = startTemplate(plan);
+  if (template !== null) {
+    const transition = fillTemplate(template, options);
+    return { transition, run: new RestoringRun(transition.snapshot) };
+  }
+  return createRun(plan, options);
+}
+
+/** A run created by its actors: the run actor started with its input, spawning its steps. */
+function createRun(
+  plan: Plan,
   { runId, at }: StartRunOptions,
 ): { transition: RunTransition; run: OpenRun } {
   const planned: PlannedAction[] = [];
@@ -414,6 +427,104 @@ export function startOpenRun(
     },
     run: new LiveRun(actor, snapshot),
   };
+}
+
+/**
+ * A run held open that restores its actors from its snapshot when it is first fed an event (the
+ * snapshot of a run just created from a template: a host may never feed it in this process).
+ */
+class RestoringRun implements OpenRun {
+  #snapshot: RunSnapshot;
+  #run: LiveRun | undefined;
+
+  constructor(snapshot: RunSnapshot) {
+    this.#snapshot = snapshot;
+  }
+
+  get snapshot(): RunSnapshot {
+    return this.#run?.snapshot ?? this.#snapshot;
+  }
+
+  #open(): LiveRun {
+    this.#run ??= new LiveRun(restore(this.#snapshot), this.#snapshot);
+    return this.#run;
+  }
+
+  send(event: RunEvent): RunTransition {
+    return this.#open().send(event);
+  }
+
+  sendStartedWith(
+    started: RunEvent,
+    result: RunEvent,
+  ): [Omit<RunTransition, 'snapshot'>, RunTransition] | null {
+    return this.#open().sendStartedWith(started, result);
+  }
+
+  close(): void {}
+}
+
+/*
+ * Creating a run spawns one step actor per step and runs their first transitions: most of the cost
+ * of a start, and the same work for every run of a plan. What a new run's first transition comes
+ * to is a function of the plan, its run id and its creation time; the id and the time only enter
+ * it as copies (the run's id, the times it and its steps were last updated). So the first
+ * transition of a plan is computed once, with stand-ins for the id and the time, and each later
+ * run of the same plan object (a host that starts a plan many times keeps one parsed plan) gets a
+ * copy with its own id and time in their places. Whether the stand-ins are only copied is checked
+ * when the template is made, not assumed: the plan is started with two different pairs, and the
+ * first result, with the second pair put in place of the first, must be the second result exactly.
+ * A plan for which it is not (a machine that computes with the time, a stand-in that occurs in the
+ * plan) is created by its actors, every time.
+ */
+
+/** The first transition of a plan, computed with {@link STAND_INS}[0]. */
+interface StartTemplate {
+  transition: RunTransition;
+}
+
+/** Run ids and creation times that stand for a run's own in a template. */
+const STAND_INS = [
+  { runId: '\u0000run-template-1', at: 2 ** 52 + 1 },
+  { runId: '\u0000run-template-2', at: 2 ** 52 + 3 },
+] as const;
+
+/**
+ * The template of each plan object: `'once'` after its first start (a plan started once is never
+ * templated), null when the check failed.
+ */
+const templates = new WeakMap<Plan, StartTemplate | 'once' | null>();
+
+/** The template of `plan` from its second start on; null before, or when it cannot have one. */
+function startTemplate(plan: Plan): StartTemplate | null {
+  const known = templates.get(plan);
+  if (known === undefined) {
+    templates.set(plan, 'once');
+    return null;
+  }
+  if (known !== 'once') return known;
+  const [first, second] = STAND_INS;
+  const a = createRun(plan, first).transition;
+  const b = createRun(plan, second).transition;
+  const filled = fillTemplate({ transition: a }, second);
+  const template = JSON.stringify(filled) === JSON.stringify(b) ? { transition: a } : null;
+  templates.set(plan, template);
+  return template;
+}
+
+/** A copy of the template's transition with the run's id and creation time in their places. */
+function fillTemplate(template: StartTemplate, { runId, at }: StartRunOptions): RunTransition {
+  const [stand] = STAND_INS;
+  const fill = (value: unknown): unknown => {
+    if (value === stand.runId) return runId;
+    if (value === stand.at) return at;
+    if (typeof value !== 'object' || value === null) return value;
+    if (Array.isArray(value)) return value.map(fill);
+    const out: Record<string, unknown> = {};
+    for (const key in value) out[key] = fill((value as Record<string, unknown>)[key]);
+    return out;
+  };
+  return fill(template.transition) as RunTransition;
 }
 
 /** Checks that `event` is a run event and names a step of this run; throws `EventValidationError`. */

@@ -89,6 +89,22 @@ function idAttributes(ids: SpanIds): Attributes {
   return out;
 }
 
+// Random bytes drawn a page at a time: ids are made at every start, and one call for a page costs
+// about what one call for a single id does.
+let randomPage = Buffer.alloc(0);
+let randomAt = 0;
+
+/** `bytes` fresh random bytes, in hex. */
+function randomHex(bytes: number): string {
+  if (randomAt + bytes > randomPage.length) {
+    randomPage = randomBytes(4096);
+    randomAt = 0;
+  }
+  const hex = randomPage.toString('hex', randomAt, randomAt + bytes);
+  randomAt += bytes;
+  return hex;
+}
+
 /** The `traceparent` of a span context, or of fresh random ids when it is not valid. */
 function traceparentOf(span: Span | undefined): string {
   const sc = span?.spanContext();
@@ -97,7 +113,7 @@ function traceparentOf(span: Span | undefined): string {
   }
   // No SDK here: the run still gets ids, so that workers with an SDK share one trace.
   const flags = TraceFlags.SAMPLED.toString(16).padStart(2, '0');
-  return `00-${randomBytes(16).toString('hex')}-${randomBytes(8).toString('hex')}-${flags}`;
+  return `00-${randomHex(16)}-${randomHex(8)}-${flags}`;
 }
 
 /** The start of a run's trace: its `traceparent` to store with the run, and its span to end. */
