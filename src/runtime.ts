@@ -28,7 +28,7 @@ import { isFinalStepStatus } from './machines/types.js';
 import type { PendingCall, RunStatus } from './machines/types.js';
 import type { Plan, PlanInput } from './plan/schema.js';
 import { assertRunId, assertTenantId } from './persistence/keys.js';
-import { lastEventId } from './persistence/run-lookups.js';
+import { lastEventId, readRunStatus } from './persistence/run-lookups.js';
 import type { LedgerEntry } from './persistence/ledger.js';
 import type { Reservation, UsageTotals } from './persistence/quota-store.js';
 import type { StoredRunEvent } from './persistence/snapshot-store.js';
@@ -485,14 +485,23 @@ export function createRuntime(options: RuntimeOptions): Runtime {
    */
   async function settled(runId: string, timeoutMs = 0): Promise<RunReport> {
     const key = core.keys.events(runId);
-    // The newest event before the report (same connection, so read in this order): nothing
-    // committed after the report can be missed.
-    const [last, first] = await withRedisDeadline(
-      () => Promise.all([lastEventId(core.redis, core.keys, runId), report(runId)]),
+    // The newest event before the status (same connection, so read in this order): nothing
+    // committed after the status was read can be missed. The status alone is read first (one
+    // field): the whole report only once the run settled, or when that field does not say (no
+    // run: the report says why; a run stored by an older version).
+    const [last, stored] = await withRedisDeadline(
+      () =>
+        Promise.all([
+          lastEventId(core.redis, core.keys, runId),
+          readRunStatus(core.redis, core.keys, runId),
+        ]),
       core.redisTimeoutMs,
       core.redis,
     );
-    if (SETTLED.includes(first.status)) return first;
+    if (stored === null || SETTLED.includes(stored as RunStatus)) {
+      const first = await withRedisDeadline(() => report(runId), core.redisTimeoutMs, core.redis);
+      if (SETTLED.includes(first.status)) return first;
+    }
     return new Promise<RunReport>((resolve, reject) => {
       let done = false;
       let timer: NodeJS.Timeout | undefined;

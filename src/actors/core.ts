@@ -15,7 +15,7 @@ import {
 import type { JsonValue } from '../internal/json.js';
 import type { RunSnapshot } from '../machines/kernel.js';
 import { runSnapshotCodec } from '../machines/snapshot-migrations.js';
-import { parsePlan } from '../plan/parse-plan.js';
+import { PlanCache } from '../plan/plan-cache.js';
 import type { Plan } from '../plan/schema.js';
 import { createSnapshotCodec } from '../persistence/codec.js';
 import { createKeys, type Keys } from '../persistence/keys.js';
@@ -247,8 +247,9 @@ export class RuntimeCore {
   readonly clientFor = modelClients();
   readonly tools: ToolRegistry = createToolRegistry();
   readonly #metaCache = new Map<string, RunMeta>();
-  // Runs of one plan store the same plan text: validate it once.
-  readonly #planCache = new Map<string, Plan>();
+  readonly #metaLoads = new Map<string, Promise<RunMeta>>();
+  /** Plans parsed by this process (started here, or read back from a run's meta), by their text. */
+  readonly plans = new PlanCache(1000);
 
   constructor(options: CoreOptions) {
     // Checked before any connection is made: a refused option leaves nothing open.
@@ -381,18 +382,30 @@ export class RuntimeCore {
   async meta(runId: string): Promise<RunMeta> {
     const cached = this.#metaCache.get(runId);
     if (cached !== undefined) return cached;
-    const raw = await this.store.loadMeta(runId);
-    if (raw['plan'] === undefined) {
-      throw new InputValidationError('run meta', [
-        { path: 'plan', message: `run "${runId}" has no stored plan` },
-      ]);
+    // One read for the callers that ask at once (a unit's guard and a status report, say).
+    let loading = this.#metaLoads.get(runId);
+    if (loading === undefined) {
+      loading = this.store
+        .loadMeta(runId)
+        .then((raw) => {
+          if (raw['plan'] === undefined) {
+            throw new InputValidationError('run meta', [
+              { path: 'plan', message: `run "${runId}" has no stored plan` },
+            ]);
+          }
+          return this.rememberMeta(runId, raw, this.plans.parse(raw['plan']));
+        })
+        .finally(() => this.#metaLoads.delete(runId));
+      this.#metaLoads.set(runId, loading);
     }
-    let plan = this.#planCache.get(raw['plan']);
-    if (plan === undefined) {
-      plan = parsePlan(raw['plan']);
-      if (this.#planCache.size > 1000) this.#planCache.clear();
-      this.#planCache.set(raw['plan'], plan);
-    }
+    return loading;
+  }
+
+  /**
+   * Keeps the meta of a run as stored (`raw`, its fields), with its plan parsed: what {@link meta}
+   * reads back, kept by the process that started the run so that its workers need not read it.
+   */
+  rememberMeta(runId: string, raw: Readonly<Record<string, string>>, plan: Plan): RunMeta {
     const meta: RunMeta = {
       plan,
       input: JSON.parse(raw['input'] ?? 'null') as JsonValue,

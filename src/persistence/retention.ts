@@ -21,6 +21,7 @@ import type { Redis } from 'ioredis';
 import { InputValidationError, type ValidationIssue } from '../errors.js';
 import type { Keys } from './keys.js';
 import { classifyRedisError } from './redis-errors.js';
+import { storedRunStatus } from './run-lookups.js';
 
 /** How long finished runs are kept by default: 7 days. */
 export const DEFAULT_FINISHED_RUNS_MS = 7 * 24 * 60 * 60 * 1000;
@@ -171,17 +172,6 @@ function queuedRun(member: string): { runId: string; ids: string[] } | null {
   }
 }
 
-/** The run's derived status (`rs` of the snapshot's run part), or null when unreadable. */
-function runStatusOf(part: string | null): string | null {
-  if (part === null) return null;
-  try {
-    const run = JSON.parse(part) as { rs?: unknown };
-    return typeof run.rs === 'string' ? run.rs : null;
-  } catch {
-    return null;
-  }
-}
-
 /** A tombstone as stored (one written before failed runs were told apart is a finished run's). */
 function tombstoneOf(raw: string): RemovedRun {
   try {
@@ -313,7 +303,7 @@ export function createRetentionStore(options: RetentionStoreOptions): RetentionS
           if (error) throw error;
           return reply as string | null;
         });
-        const status = runStatusOf(part);
+        const status = storedRunStatus(part);
         const failed = status === 'failed';
         if (!failed && status !== 'succeeded' && status !== 'cancelled') return false;
         // A failed run without `failedRunsMs` is kept as it is.

@@ -1,6 +1,7 @@
 /**
  * Small reads and writes of a run's own keys that need no snapshot store: whether the run exists,
- * its newest event, and fields of its meta hash that are not part of the run (the CLI's notes).
+ * its status, its newest event, and fields of its meta hash that are not part of the run (the
+ * CLI's notes).
  */
 import type { Redis } from 'ioredis';
 import { RunKeyKind, type Keys } from './keys.js';
@@ -8,6 +9,29 @@ import { RunKeyKind, type Keys } from './keys.js';
 /** Whether the run's snapshot exists. */
 export async function runExists(redis: Redis, keys: Keys, runId: string): Promise<boolean> {
   return (await redis.exists(keys.snap(runId))) !== 0;
+}
+
+/**
+ * The run's status as the run field of its stored snapshot records it (`rs`), or null when there
+ * is no such field or it cannot be read (no run, or a run stored whole by an older version).
+ */
+export function storedRunStatus(runField: string | null): string | null {
+  if (runField === null) return null;
+  try {
+    const run = JSON.parse(runField) as { rs?: unknown };
+    return typeof run.rs === 'string' ? run.rs : null;
+  } catch {
+    return null;
+  }
+}
+
+/** Reads {@link storedRunStatus} of a run: one HGET, on the connection given. */
+export async function readRunStatus(
+  redis: Redis,
+  keys: Keys,
+  runId: string,
+): Promise<string | null> {
+  return storedRunStatus(await redis.hget(keys.snap(runId), 'run'));
 }
 
 /**

@@ -1,11 +1,10 @@
 import { randomUUID } from 'node:crypto';
 import { keyInputIssues } from '../actors/action-keys.js';
 import { InputValidationError, RunAlreadyExistsError } from '../errors.js';
-import { assertPlainJson, findNonJson } from '../internal/json.js';
+import { assertPlainJson } from '../internal/json.js';
 import { runStatus } from '../machines/kernel.js';
 import type { RunStatus } from '../machines/types.js';
 import { startRunTrace } from '../observability/tracing.js';
-import { parsePlan } from '../plan/parse-plan.js';
 import type { Plan, PlanInput } from '../plan/schema.js';
 import { assertRunId, assertTenantId } from '../persistence/keys.js';
 import { runExists } from '../persistence/run-lookups.js';
@@ -40,48 +39,6 @@ export interface LaunchedRun {
   created: boolean;
   /** For a run a request key led to: its status when it was found. */
   found?: RunStatus;
-}
-
-/** How many parsed plans {@link parsedPlan} keeps. */
-const PARSED_PLANS = 256;
-// Plans parsed by this process, by their JSON text, least recently used first.
-const parsedPlans = new Map<string, Plan>();
-
-/** Freezes `value` and everything in it. */
-function deepFreeze<T>(value: T): T {
-  if (typeof value === 'object' && value !== null && !Object.isFrozen(value)) {
-    Object.freeze(value);
-    for (const child of Object.values(value)) deepFreeze(child);
-  }
-  return value;
-}
-
-/**
- * `parsePlan`, with the plans parsed before kept by their JSON text: a service starts the same
- * plan many times, and parsing it (its schema, its graph) costs more than the rest of a start.
- * Parsing is a function of the text alone, so a plan parsed once stands for every later one with
- * the same text. A kept plan is frozen (it is shared by every run started from it), and is the
- * same object each time, so the kernel can keep what it derives from it too. A source that is not
- * plain JSON is parsed every time, so that its errors are reported.
- */
-function parsedPlan(source: Plan | PlanInput | string): Plan {
-  let text: string | undefined;
-  if (typeof source === 'string') text = source;
-  else if (findNonJson(source, '').length === 0) text = JSON.stringify(source);
-  else return parsePlan(source);
-  if (typeof text !== 'string') return parsePlan(source);
-  const known = parsedPlans.get(text);
-  if (known !== undefined) {
-    parsedPlans.delete(text);
-    parsedPlans.set(text, known);
-    return known;
-  }
-  const plan = deepFreeze(parsePlan(source));
-  parsedPlans.set(text, plan);
-  if (parsedPlans.size > PARSED_PLANS) {
-    parsedPlans.delete(parsedPlans.keys().next().value as string);
-  }
-  return plan;
 }
 
 /** Refuses a plan whose fallbacks name an operator or agent not registered here. */
@@ -139,7 +96,7 @@ export async function launchRun(
   input: unknown,
   opts: StartOptions,
 ): Promise<LaunchedRun> {
-  const plan = parsedPlan(planSource);
+  const plan = core.plans.parse(planSource);
   assertPlainJson(input, 'run input', 'input');
   const missingKeys = keyInputIssues(plan, input);
   if (missingKeys.length > 0) throw new InputValidationError('run input', missingKeys);
@@ -190,8 +147,11 @@ export async function launchRun(
     'flujo.tenant_id': tenantId,
   });
   try {
-    created = await core.host.create(runId, plan, at, { ...meta, trace: runTrace.traceparent });
+    const stored = { ...meta, trace: runTrace.traceparent };
+    created = await core.host.create(runId, plan, at, stored);
     runTrace.end();
+    // Its workers in this process need not read back what it was started with.
+    core.rememberMeta(runId, stored, plan);
   } catch (error) {
     runTrace.end(error);
     // Another start with the same request key created the run first: that run is the one.
