@@ -28,7 +28,7 @@ import { isFinalStepStatus } from './machines/types.js';
 import type { PendingCall, RunStatus } from './machines/types.js';
 import type { Plan, PlanInput } from './plan/schema.js';
 import { assertRunId, assertTenantId } from './persistence/keys.js';
-import { lastEventId, readRunStatus } from './persistence/run-lookups.js';
+import { lastStatusId, readRunStatus } from './persistence/run-lookups.js';
 import type { LedgerEntry } from './persistence/ledger.js';
 import type { Reservation, UsageTotals } from './persistence/quota-store.js';
 import type { StoredRunEvent } from './persistence/snapshot-store.js';
@@ -480,19 +480,21 @@ export function createRuntime(options: RuntimeOptions): Runtime {
   }
 
   /**
-   * The run's report once it settles, learned from its event stream: a status change (`run.status`)
-   * to a settled status wakes it, never a timer; nothing is read while the run works.
+   * The run's report once it settles, learned from its status stream (its `run.status` events
+   * alone): a change to a settled status wakes it, never a timer; nothing is read while the run
+   * works, however many steps it commits.
    */
   async function settled(runId: string, timeoutMs = 0): Promise<RunReport> {
-    const key = core.keys.events(runId);
-    // The newest event before the status (same connection, so read in this order): nothing
-    // committed after the status was read can be missed. The status alone is read first (one
+    // The run's status changes alone: a commit that changes nothing of it wakes no waiter.
+    const key = core.keys.status(runId);
+    // The newest status change before the status (same connection, so read in this order):
+    // nothing committed after the status was read can be missed. The status alone is read first (one
     // field): the whole report only once the run settled, or when that field does not say (no
     // run: the report says why; a run stored by an older version).
     const [last, stored] = await withRedisDeadline(
       () =>
         Promise.all([
-          lastEventId(core.redis, core.keys, runId),
+          lastStatusId(core.redis, core.keys, runId),
           readRunStatus(core.redis, core.keys, runId),
         ]),
       core.redisTimeoutMs,

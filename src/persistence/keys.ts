@@ -32,6 +32,11 @@ export const RunKeyKind = {
   Removed: 'removed',
   /** STREAM: the run's event log. */
   Events: 'events',
+  /**
+   * STREAM: the run's status changes alone (its `run.status` events, written with them by the same
+   * commit, its newest few kept), so that a waiter for a status wakes on nothing else.
+   */
+  Status: 'status',
   /** The tool-call ledger. */
   Ledger: 'ledger',
   /** HASH: the model-response journal, field `<stepId>:<turn>`. */
@@ -74,6 +79,8 @@ export interface Keys {
   snap(runId: string): string;
   /** The run's event stream (STREAM). */
   events(runId: string): string;
+  /** The run's status changes (STREAM, see `RunKeyKind.Status`). */
+  status(runId: string): string;
   /** The run's step outputs (HASH: step id → JSON). */
   outputs(runId: string): string;
   /** The run's retention tombstone (STRING, see `RunKeyKind.Removed`). */
@@ -262,6 +269,7 @@ export function createKeys(prefix: string = DEFAULT_KEY_PREFIX): Keys {
     runKey,
     snap: (runId) => runKey(runId, RunKeyKind.Snap),
     events: (runId) => runKey(runId, RunKeyKind.Events),
+    status: (runId) => runKey(runId, RunKeyKind.Status),
     outputs: (runId) => runKey(runId, RunKeyKind.Outputs),
     removed: (runId) => runKey(runId, RunKeyKind.Removed),
     ledger: (runId, tenantId) => {

@@ -256,6 +256,7 @@ export function createRetentionStore(options: RetentionStoreOptions): RetentionS
   async function runKeys(runId: string, info: RunKeyInfo): Promise<RunKeys> {
     const run = [
       keys.events(runId),
+      keys.status(runId),
       keys.outputs(runId),
       keys.ledger(runId),
       keys.ledger(runId, info.tenantId),

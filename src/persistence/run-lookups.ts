@@ -43,7 +43,23 @@ export async function lastEventId(
   keys: Keys,
   runId: string,
 ): Promise<string | undefined> {
-  const last = await redis.xrevrange(keys.events(runId), '+', '-', 'COUNT', 1);
+  return newestEntryId(redis, keys.events(runId));
+}
+
+/**
+ * The id of the newest entry of the run's status stream (its status changes), or undefined when
+ * it is empty. Read on the connection given, as {@link lastEventId}.
+ */
+export async function lastStatusId(
+  redis: Redis,
+  keys: Keys,
+  runId: string,
+): Promise<string | undefined> {
+  return newestEntryId(redis, keys.status(runId));
+}
+
+async function newestEntryId(redis: Redis, key: string): Promise<string | undefined> {
+  const last = await redis.xrevrange(key, '+', '-', 'COUNT', 1);
   return last[0]?.[0];
 }
 

@@ -14,7 +14,20 @@
  */
 
 /** Bump when a script changes meaning, so clients never mix versions under one command name. */
-export const SNAPSHOT_SCRIPT_VERSION = 5;
+export const SNAPSHOT_SCRIPT_VERSION = 6;
+
+// The status changes a run's status stream keeps (a waiter needs only the newest).
+const STATUS_KEPT = 16;
+
+// Appends an event to the run's stream, and a status change to its status stream too.
+const APPEND = `
+local function append(events, status, v, t, d)
+  redis.call('XADD', events, '*', 'v', v, 't', t, 'd', d)
+  if t == 'run.status' then
+    redis.call('XADD', status, 'MAXLEN', '${STATUS_KEPT}', '*', 'v', v, 't', t, 'd', d)
+  end
+end
+`;
 
 // Runs `cmd key ARGV[from .. from+count-1]` in chunks (Lua's unpack has a stack limit); `count`
 // and the chunk size are even, so field/value pairs never straddle two calls.
@@ -33,6 +46,7 @@ end
 /*
  * create: writes version 0 of a new run.
  *   KEYS[1]  snap (HASH)   KEYS[2]  events (STREAM)   KEYS[3]  meta (HASH)   KEYS[4]  outputs (HASH)
+ *   KEYS[5]  status (STREAM: the `run.status` events again)
  *   ARGV[1]  sv   ARGV[2] u (updatedAt)
  *   ARGV[3]  p, the number of snapshot field/value strings, then p strings
  *   then     o, the number of output field/value strings, then o strings
@@ -40,7 +54,7 @@ end
  *   then     m, the number of meta field/value strings, then m strings
  *   Returns  1 when created; 0 when snap exists (nothing written)
  */
-const CREATE = `${CHUNKED}
+const CREATE = `${CHUNKED}${APPEND}
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'v', '0', 'sv', ARGV[1], 'u', ARGV[2])
 local i = 3
@@ -53,7 +67,7 @@ i = i + 1 + o
 local n = tonumber(ARGV[i])
 i = i + 1
 for _ = 1, n do
-  redis.call('XADD', KEYS[2], '*', 'v', '0', 't', ARGV[i], 'd', ARGV[i + 1])
+  append(KEYS[2], KEYS[5], '0', ARGV[i], ARGV[i + 1])
   i = i + 2
 end
 local m = tonumber(ARGV[i])
@@ -65,8 +79,8 @@ return 1
  * commit: compare-and-set of the snapshot's changed fields, the step outputs, the event appends,
  * any list appends and ledger receipts of read-only calls, all or nothing.
  *   KEYS[1]  snap (HASH)   KEYS[2]  events (STREAM)   KEYS[3]  outputs (HASH)
- *   KEYS[4]  the run's unit notes (HASH)   KEYS[5..] lists, then the ledger hash of each receipt
- *            (the last r keys)
+ *   KEYS[4]  the run's unit notes (HASH)   KEYS[5]  status (STREAM: the `run.status` events again)
+ *   KEYS[6..] lists, then the ledger hash of each receipt (the last r keys)
  *   ARGV[1]  the expected version   ARGV[2] the new version   ARGV[3] sv   ARGV[4] u
  *   ARGV[5]  the carrier note ('' leaves the stored one as it is)
  *   ARGV[6]  mode: 'p' the changed fields only, valid only over fields of the same schema version
@@ -87,7 +101,7 @@ return 1
  *            {3} mode 'p' over fields of another schema version (write every field instead).
  *            Only {1} writes.
  */
-const COMMIT = `${CHUNKED}
+const COMMIT = `${CHUNKED}${APPEND}
 local stored = redis.call('HGET', KEYS[1], 'v')
 if not stored then return {-1} end
 if stored ~= ARGV[1] then return {0, stored} end
@@ -110,11 +124,11 @@ local receiptsAt = i + 1
 i = i + 1 + 4 * r
 local lastList = #KEYS - r
 local lists = {}
-for k = 5, lastList do
+for k = 6, lastList do
   local expected = tonumber(ARGV[i])
   local count = tonumber(ARGV[i + 1])
   local len = redis.call('LLEN', KEYS[k])
-  if len ~= expected then return {2, k - 5, len} end
+  if len ~= expected then return {2, k - 6, len} end
   lists[#lists + 1] = {KEYS[k], i + 2, count}
   i = i + 2 + count
 end
@@ -130,7 +144,7 @@ if o > 0 then chunked('HSET', KEYS[3], outputsAt, o) end
 if d > 0 then chunked('HDEL', KEYS[3], dropAt, d) end
 i = eventsAt
 for _ = 1, n do
-  redis.call('XADD', KEYS[2], '*', 'v', ARGV[2], 't', ARGV[i], 'd', ARGV[i + 1])
+  append(KEYS[2], KEYS[5], ARGV[2], ARGV[i], ARGV[i + 1])
   i = i + 2
 end
 for _, l in ipairs(lists) do

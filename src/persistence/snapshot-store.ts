@@ -245,8 +245,9 @@ export function createSnapshotStore<S = unknown>(
    * create: writes version 0 of a new run (script CREATE).
    *   Reads:         EXISTS snap
    *   Written keys:  snap (HSET v sv u and the snapshot: its parts, or s), outputs (HSET, a split
-   *                  layout's outside values), events (XADD * v t d, one per event), meta (HSET,
-   *                  if given), atomically, only when snap did not exist
+   *                  layout's outside values), events (XADD * v t d, one per event; a status
+   *                  change also to status, its newest kept), meta (HSET, if given), atomically,
+   *                  only when snap did not exist
    *   Returns:       the envelope at version 0
    *   Throws:        RunAlreadyExistsError when snap exists (nothing written)
    */
@@ -279,6 +280,7 @@ export function createSnapshotStore<S = unknown>(
         keys.events(runId),
         keys.meta(runId),
         keys.outputs(runId),
+        keys.status(runId),
         fields.sv,
         fields.u,
         String(parts.length),
@@ -302,8 +304,8 @@ export function createSnapshotStore<S = unknown>(
    *   Reads:         HGET snap v (and sv for a partial write); LLEN of each list to append to
    *   Written keys:  snap (HSET v sv u, c when a carrier is given, and the changed parts, or s),
    *                  outputs (HSET new outputs, HDEL cleared ones), the unit note when given
-   *                  (HSET started), events (XADD * v t d, one per
-   *                  event), each list (RPUSH), each ledger receipt (HSET, as the ledger's
+   *                  (HSET started), events (XADD * v t d, one per event; a status change
+   *                  also to status, its newest kept), each list (RPUSH), each ledger receipt (HSET, as the ledger's
    *                  record script writes it), atomically, only when the version and every
    *                  length are as expected. A partial write over fields of an older schema
    *                  version is refused by the script and sent again whole.
@@ -346,11 +348,12 @@ export function createSnapshotStore<S = unknown>(
       const parts = Object.entries(delta.parts).flat();
       const outputs = Object.entries(delta.outputs).flat();
       const args: string[] = [
-        String(4 + listKeys.length + records.length),
+        String(5 + listKeys.length + records.length),
         snapKey,
         eventsKey,
         keys.outputs(runId),
         keys.started(runId),
+        keys.status(runId),
         ...listKeys,
         ...records.map((r) => r.key),
         String(expectedVersion),
@@ -566,7 +569,7 @@ function defineScripts(redis: Redis): { create: Script<number>; commit: Script<C
   const commands = redis as unknown as Record<string, Script<never> | undefined>;
   // ioredis runs EVALSHA and falls back to EVAL after a NOSCRIPT (e.g. a restarted server).
   if (commands[create] === undefined) {
-    redis.defineCommand(create, { numberOfKeys: 4, lua: SNAPSHOT_SCRIPTS.create });
+    redis.defineCommand(create, { numberOfKeys: 5, lua: SNAPSHOT_SCRIPTS.create });
   }
   if (commands[commit] === undefined) {
     // The number of keys varies with the list appends: it is the first argument of each call.

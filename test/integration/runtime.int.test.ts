@@ -1,4 +1,5 @@
 import { randomUUID } from 'node:crypto';
+import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createRuntime, type Runtime, type FlujoWorker } from '../../src/index.js';
 import { redisUrl } from '../helpers/redis.js';
@@ -52,5 +53,40 @@ describe('runtime and worker on real Redis', () => {
     for await (const o of run.outcomes())
       outcomes.push(`${o.type}:${'stepId' in o ? o.stepId : ''}`);
     expect(outcomes).toEqual(['success:fetch', 'failure:report', 'success:report']);
+  });
+
+  it('wakes a settled() waiter on status changes only, not on every commit of the run', async () => {
+    // Every read the watcher sends (it blocks on the streams of the runs waited for).
+    const reads: unknown[][] = [];
+    type Send = (
+      this: Redis,
+      command: { name: string; args: unknown[] },
+      ...rest: unknown[]
+    ) => unknown;
+    const proto = Redis.prototype as unknown as { sendCommand: Send };
+    const send = proto.sendCommand;
+    proto.sendCommand = function (this: Redis, command, ...rest) {
+      if (command.name === 'xread') reads.push(command.args);
+      return send.call(this, command, ...rest);
+    };
+    try {
+      const steps = Array.from({ length: 30 }, (_, i) => ({
+        id: `s${i}`,
+        kind: 'operator' as const,
+        operator: 'fetch',
+        dependsOn: i === 0 ? [] : [`s${i - 1}`],
+      }));
+      const run = await rt.start({ name: 'thirty', steps }, null);
+      const done = await run.settled({ timeoutMs: 20_000 });
+      expect(done.status).toBe('succeeded');
+      const mine = reads.filter((args) => args.some((a) => String(a).includes(run.runId)));
+      // The run's 30 commits (and its creation) wake nothing; its one change to a settled status
+      // does (a read may also be restarted by another waiter coming or going).
+      expect(mine.length).toBeGreaterThanOrEqual(1);
+      expect(mine.length).toBeLessThanOrEqual(3);
+      expect(mine.every((args) => args.some((a) => String(a).endsWith(':status')))).toBe(true);
+    } finally {
+      proto.sendCommand = send;
+    }
   });
 });
