@@ -10,7 +10,13 @@ import {
 import { zodIssuesToValidationIssues } from '../schemas/issues.js';
 import { runMachine, statusOf, type RunContext } from './run-machine.js';
 import { stepMachine, type StepMachine } from './step-machine.js';
-import type { PlannedAction, RunStatus, StepContext, StepStatus } from './types.js';
+import {
+  isFinalStepStatus,
+  type PlannedAction,
+  type RunStatus,
+  type StepContext,
+  type StepStatus,
+} from './types.js';
 
 /** A step's entry in a run snapshot: xstate's persisted form of the run's child actor. */
 export interface PersistedStep {
@@ -293,8 +299,14 @@ class LiveRun implements OpenRun {
     ) {
       return null;
     }
-    // The step is open (READY): the run would forward the result to it.
-    const second = this.#deliver(result, result);
+    // The step is open (READY): the run would forward the result to it, so it is given straight
+    // to the step. But for the run's last open step: the run may end with it, and an actor that
+    // ended refuses the step's last message (its done event; a warning in development builds),
+    // which the run, forwarding, drops as it stops.
+    const last = before.order.every(
+      (id) => id === stepId || isFinalStepStatus(before.steps[id]?.status ?? 'PENDING'),
+    );
+    const second = last ? this.#deliver(result) : this.#deliver(result, result);
     if (!second.accepted) return null;
     return [
       {
