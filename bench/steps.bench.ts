@@ -8,6 +8,9 @@
  * units, see `chainMs`); each figure is also given for one job per step (`chainMs: 0`), so the
  * cost of a step's own queue hop stays visible.
  *
+ * At concurrency 32 also as a user of the API sees it: the runs started at once with `start()`
+ * while the worker runs, timed from the first start to the last `settled()`.
+ *
  * Then growth with run size: lines of 10 and 100 steps that each return 20 KB, one run at a time
  * and 8 at a time: ms per step (a run timed by its own events, created → finished), the ratio of
  * the 100-step to the 10-step per-step cost (1.0: a step costs the same however long the run),
@@ -176,6 +179,27 @@ async function flujoRuns(
 }
 
 /**
+ * Steps/s as a user of the API sees them: `runs` runs started at once with `start()` while a
+ * worker of concurrency `concurrency` in the same process runs them, timed from the first start
+ * to the last `settled()` resolving. Returns elapsed ms.
+ */
+async function apiRuns(url: string, runs: number, concurrency: number): Promise<number> {
+  const runtime = createRuntime({ redis: url, prefix: `b${randomUUID().slice(0, 6)}` });
+  runtime.operator('noop', () => null);
+  const worker = runtime.createWorker({ concurrency, recoverOnStart: false });
+  await worker.ready();
+  const t0 = performance.now();
+  const reports = await Promise.all(
+    Array.from({ length: runs }, async () => (await runtime.start(plan, null)).settled()),
+  );
+  const elapsed = performance.now() - t0;
+  if (reports.some((r) => r.status !== 'succeeded')) throw new Error('a run did not succeed');
+  await worker.close();
+  await runtime.close();
+  return elapsed;
+}
+
+/**
  * What a caller of `settled()` waits beside what the engine takes: `runs` 10-step runs with 200 B
  * results at concurrency 1, each timed from `start()` returning to `settled()` resolving, and by
  * its own events (created → finished). Returns both sums in ms.
@@ -217,6 +241,7 @@ async function measure(appendfsync: 'everysec' | 'always'): Promise<number> {
       flujo32: [], // steps/s, flujo, concurrency 32
       single1: [], // ms per step, flujo with one job per step, concurrency 1
       single32: [], // steps/s, flujo with one job per step, concurrency 32
+      api32: [], // steps/s, flujo through start() and settled(), concurrency 32
     };
     // Warm-up of both paths, at both concurrencies, so every figure below is of warm code.
     await bullmqChains(server.url, 20, 1);
@@ -225,6 +250,7 @@ async function measure(appendfsync: 'everysec' | 'always'): Promise<number> {
     await flujoRuns(server.url, PAR_RUNS, CONCURRENCY);
     await flujoRuns(server.url, 5, 1, 0);
     await flujoRuns(server.url, PAR_RUNS, CONCURRENCY, 0);
+    await apiRuns(server.url, PAR_RUNS, CONCURRENCY);
     for (let rep = 0; rep < REPS; rep++) {
       rows.chain1!.push((await bullmqChains(server.url, SEQ_RUNS, 1)) / (SEQ_RUNS * STEPS));
       rows.cas!.push((await bareCas(server.url, 2000)) / 1000);
@@ -238,6 +264,9 @@ async function measure(appendfsync: 'everysec' | 'always'): Promise<number> {
       rows.single1!.push((await flujoRuns(server.url, SEQ_RUNS, 1, 0)) / (SEQ_RUNS * STEPS));
       rows.single32!.push(
         (PAR_RUNS * STEPS) / ((await flujoRuns(server.url, PAR_RUNS, CONCURRENCY, 0)) / 1000),
+      );
+      rows.api32!.push(
+        (PAR_RUNS * STEPS) / ((await apiRuns(server.url, PAR_RUNS, CONCURRENCY)) / 1000),
       );
     }
     const floor = median(rows.chain1!) + median(rows.cas!);
@@ -263,6 +292,9 @@ async function measure(appendfsync: 'everysec' | 'always'): Promise<number> {
     );
     console.log(
       `  one job per step, conc. 32      ${median(rows.single32!).toFixed(0)} steps/s  (${spread(rows.single32!)})`,
+    );
+    console.log(
+      `  start() → settled(), conc. 32   ${median(rows.api32!).toFixed(0)} steps/s  (${spread(rows.api32!)}); / flujo, conc. 32 ${(median(rows.api32!) / median(rows.flujo32!)).toFixed(2)}`,
     );
     return median(rows.flujo32!);
   } finally {
