@@ -458,11 +458,6 @@ function createRun(
  * plan) is created by its actors, every time.
  */
 
-/** The first transition of a plan, computed with {@link STAND_INS}[0]. */
-interface StartTemplate {
-  transition: RunTransition;
-}
-
 /** Run ids and creation times that stand for a run's own in a template. */
 const STAND_INS = [
   { runId: '\u0000run-template-1', at: 2 ** 52 + 1 },
@@ -470,13 +465,14 @@ const STAND_INS = [
 ] as const;
 
 /**
- * The template of each plan object: `'once'` after its first start (a plan started once is never
- * templated), null when the check failed.
+ * The template of each plan object (its first transition, computed with the first stand-ins):
+ * `'once'` after its first start (a plan started once is never templated), null when the check
+ * failed.
  */
-const templates = new WeakMap<Plan, StartTemplate | 'once' | null>();
+const templates = new WeakMap<Plan, RunTransition | 'once' | null>();
 
 /** The template of `plan` from its second start on; null before, or when it cannot have one. */
-function startTemplate(plan: Plan): StartTemplate | null {
+function startTemplate(plan: Plan): RunTransition | null {
   const known = templates.get(plan);
   if (known === undefined) {
     templates.set(plan, 'once');
@@ -486,14 +482,13 @@ function startTemplate(plan: Plan): StartTemplate | null {
   const [first, second] = STAND_INS;
   const a = createRun(plan, first).transition;
   const b = createRun(plan, second).transition;
-  const filled = fillTemplate({ transition: a }, second);
-  const template = JSON.stringify(filled) === JSON.stringify(b) ? { transition: a } : null;
+  const template = JSON.stringify(fillTemplate(a, second)) === JSON.stringify(b) ? a : null;
   templates.set(plan, template);
   return template;
 }
 
 /** A copy of the template's transition with the run's id and creation time in their places. */
-function fillTemplate(template: StartTemplate, { runId, at }: StartRunOptions): RunTransition {
+function fillTemplate(template: RunTransition, { runId, at }: StartRunOptions): RunTransition {
   const [stand] = STAND_INS;
   const fill = (value: unknown): unknown => {
     if (value === stand.runId) return runId;
@@ -504,7 +499,7 @@ function fillTemplate(template: StartTemplate, { runId, at }: StartRunOptions): 
     for (const key in value) out[key] = fill((value as Record<string, unknown>)[key]);
     return out;
   };
-  return fill(template.transition) as RunTransition;
+  return fill(template) as RunTransition;
 }
 
 /** Checks that `event` is a run event and names a step of this run; throws `EventValidationError`. */
