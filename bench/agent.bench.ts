@@ -5,7 +5,8 @@
  * per turn), one run at a time on a worker of concurrency 1, on a private redis-server with AOF
  * `everysec`. Measured in the same run, beside it:
  *   - the model round trip alone: the `openai` client against the scripted server at 0 ms, the same
- *     20 requests with the same growing conversation, no Redis;
+ *     20 requests with the same growing conversation, no Redis, over the same fetch the runtime
+ *     gives its model clients (`nodeHttpFetch`);
  *   - a bare WATCH/HGET/MULTI/HSET/XADD/RPUSH/EXEC commit of a payload the size of a granular turn's
  *     commit (its snapshot, events and messages, measured from a real run): the CAS floor.
  * The worker runs as configured by default: a granular step's turns follow one another in the job
@@ -21,6 +22,8 @@
  *   BENCH_REPS=5 BENCH_RUNS=10 BENCH_SLOW_RUNS=3 npm run bench:agent
  */
 import { randomUUID } from 'node:crypto';
+import { subscribe } from 'node:diagnostics_channel';
+import type { IncomingMessage } from 'node:http';
 import { Redis } from 'ioredis';
 import OpenAI from 'openai';
 import type { ChatCompletionMessageParam } from 'openai/resources/chat/completions';
@@ -42,6 +45,7 @@ import {
 } from '../src/testing/index.js';
 import { startRedisServer } from '../test/helpers/redis-server.js';
 import { runtimeCore } from '../src/runtime.js';
+import { nodeHttpFetch } from '../src/llm/http-fetch.js';
 
 const TURNS = 20;
 const REPS = Number(process.env['BENCH_REPS'] ?? 5);
@@ -56,21 +60,30 @@ const USER_INPUT = 'Count the turns.';
 
 type Mode = 'atomic' | 'granular';
 
-// Model requests in flight in this process (the runtime's openai clients call the global fetch),
-// and the counts of the runtime being measured as each request went out.
+// Model requests in flight in this process, and the counts of the runtime being measured as each
+// request went out. Seen through Node's HTTP client diagnostics channels: the runtime's model
+// clients send plain requests over node:http.
 let modelPending = 0;
 let measured: Trips | undefined;
 const marks: Trips[] = [];
-const realFetch = globalThis.fetch;
-globalThis.fetch = async (input, init) => {
-  if (measured !== undefined) marks.push({ ...measured });
-  modelPending++;
-  try {
-    return await realFetch(input, init);
-  } finally {
-    modelPending--;
-  }
+const open = new WeakSet<object>();
+const ended = (request: object) => {
+  if (open.delete(request)) modelPending--;
 };
+subscribe('http.client.request.start', (message) => {
+  if (measured !== undefined) marks.push({ ...measured });
+  open.add((message as { request: object }).request);
+  modelPending++;
+});
+subscribe('http.client.request.error', (message) => {
+  ended((message as { request: object }).request);
+});
+subscribe('http.client.response.finish', (message) => {
+  // Published when the reply's head arrives; the request is over once its body has been read.
+  const { request, response } = message as { request: object; response: IncomingMessage };
+  response.once('end', () => ended(request));
+  response.once('close', () => ended(request));
+});
 
 /** What a runtime's Redis connection sent and waited on. */
 interface Trips {
@@ -226,7 +239,12 @@ async function agentRuns(
  * with no Redis and no runtime. Returns ms per request.
  */
 async function modelRoundTrips(model: ScriptedModelServer, runs: number): Promise<number> {
-  const client = new OpenAI({ baseURL: model.url, apiKey: 'bench', maxRetries: 0 });
+  const client = new OpenAI({
+    baseURL: model.url,
+    apiKey: 'bench',
+    maxRetries: 0,
+    fetch: nodeHttpFetch,
+  });
   const tools = [
     {
       type: 'function' as const,

@@ -22,6 +22,7 @@ import type { AgentDefinition } from '../agents/define-agent.js';
 import { toolParametersSchema } from '../agents/tool-schema.js';
 import { ConfigurationError, findCause, ModelError } from '../errors.js';
 import { classifyModelError, displayURL, type ModelCallContext } from './classify-error.js';
+import { nodeHttpFetch } from './http-fetch.js';
 import type { AssistantMessage, ChatMessage, ModelReply, ToolCall } from './messages.js';
 
 /** One model call. */
@@ -47,7 +48,14 @@ export interface ModelClient {
 
 /** Options for {@link createModelClient}. */
 export interface ModelClientOptions {
-  /** The fetch implementation. @defaultValue `globalThis.fetch` */
+  /**
+   * The fetch implementation, used exactly as given. Without it, a streaming agent calls
+   * `globalThis.fetch`; a plain one calls `nodeHttpFetch` (lighter per request than Node's
+   * fetch) while `globalThis.fetch` is still the one Node started with, and `globalThis.fetch`
+   * once something has replaced it, so whoever wraps the global fetch still sees every request.
+   * Either is read when the SDK client is built: on the first call, and again when the key changes.
+   * @defaultValue `nodeHttpFetch` or `globalThis.fetch`, as above
+   */
   fetch?: typeof fetch;
   /** Where the default API key comes from. @defaultValue `process.env` */
   env?: Readonly<Record<string, string | undefined>>;
@@ -167,7 +175,7 @@ export function createModelClient(
         apiKey: key,
         maxRetries: 0,
         timeout: agent.timeoutMs,
-        fetch: sending(options.fetch ?? globalThis.fetch),
+        fetch: sending(options.fetch ?? defaultFetch(agent.stream)),
       });
       cached = { key, client };
     }
@@ -354,6 +362,16 @@ export function createModelClient(
       }
     },
   };
+}
+
+// Node's own fetch, as it was when this module loaded: a different `globalThis.fetch` later means
+// someone wrapped or replaced it, and then it gets every request.
+const nodeFetch = globalThis.fetch;
+
+/** The fetch of an SDK client when the options name none (see {@link ModelClientOptions.fetch}). */
+function defaultFetch(stream: boolean): typeof globalThis.fetch {
+  const current = globalThis.fetch;
+  return stream || current !== nodeFetch ? current : nodeHttpFetch;
 }
 
 // The request's onSend hook, reached from inside the SDK's fetch call (one SDK client serves every

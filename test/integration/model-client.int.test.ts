@@ -323,3 +323,55 @@ describe('unreachable provider', () => {
     expect(e.message).toContain(url);
   });
 });
+
+describe('the fetch a client sends with', () => {
+  // Node's fetch (undici) adds these to every request; the node:http fetch adds neither.
+  const sentByNodeFetch = (index: number): boolean => {
+    const headers = server.requests[index]?.headers ?? {};
+    return headers['sec-fetch-mode'] === 'cors' && headers['accept-encoding'] !== undefined;
+  };
+
+  it('a plain call goes over node:http while globalThis.fetch is the one Node started with; a stream does not', async () => {
+    server.enqueue({ text: 'plain' }, { text: 'streamed' });
+    await createModelClient(agent()).complete({ messages: question });
+    await createModelClient(agent({ stream: true })).complete({ messages: question });
+    expect(server.requests).toHaveLength(2);
+    expect(server.requests[0]?.headers['accept-encoding']).toBeUndefined();
+    expect(server.requests[0]?.headers['connection']).toBe('keep-alive');
+    expect(sentByNodeFetch(0)).toBe(false);
+    expect(sentByNodeFetch(1)).toBe(true);
+  });
+
+  it('a replaced globalThis.fetch sees every request, plain or streamed', async () => {
+    const realFetch = globalThis.fetch;
+    const seen: string[] = [];
+    globalThis.fetch = (input, init) => {
+      seen.push(String(input instanceof Request ? input.url : input));
+      return realFetch(input, init);
+    };
+    try {
+      server.enqueue({ text: 'a' }, { text: 'b' }, { text: 'c' });
+      const plain = createModelClient(agent());
+      await plain.complete({ messages: question });
+      await plain.complete({ messages: question });
+      await createModelClient(agent({ stream: true })).complete({ messages: question });
+    } finally {
+      globalThis.fetch = realFetch;
+    }
+    expect(seen).toEqual(Array(3).fill(`${server.url}/chat/completions`));
+    expect([0, 1, 2].map(sentByNodeFetch)).toEqual([true, true, true]);
+  });
+
+  it('a fetch given in the options is the one used, for plain calls and streams', async () => {
+    let calls = 0;
+    const fetch: typeof globalThis.fetch = (input, init) => {
+      calls++;
+      return globalThis.fetch(input, init);
+    };
+    server.enqueue({ text: 'a' }, { text: 'b' });
+    await createModelClient(agent(), { fetch }).complete({ messages: question });
+    await createModelClient(agent({ stream: true }), { fetch }).complete({ messages: question });
+    expect(calls).toBe(2);
+    expect([0, 1].map(sentByNodeFetch)).toEqual([true, true]);
+  });
+});
