@@ -19,7 +19,7 @@ import { PlanCache } from '../plan/plan-cache.js';
 import type { Plan } from '../plan/schema.js';
 import { createSnapshotCodec } from '../persistence/codec.js';
 import { createKeys, type Keys } from '../persistence/keys.js';
-import { coalesceWrites } from '../persistence/write-coalescing.js';
+import { coalesceWrites, flushWrites } from '../persistence/write-coalescing.js';
 import { checkRedisTimeout, redisClientOptions } from '../persistence/redis-errors.js';
 import { createLedger, type Ledger } from '../persistence/ledger.js';
 import { createFingerprintStore, type FingerprintStore } from '../persistence/fingerprint-store.js';
@@ -346,6 +346,7 @@ export class RuntimeCore {
         : { defaultOutputTokens: options.defaultOutputTokens }),
       log: this.log,
       counterFor: (model) => this.tokens(model),
+      flush: () => flushWrites(this.redis),
     });
     this.context = createModelContext({
       counterFor: (model) => this.tokens(model),

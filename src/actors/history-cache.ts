@@ -36,7 +36,8 @@ export class HistoryCache {
   /** Records messages a commit appended after `cursor`. */
   committed(runId: string, stepId: string, cursor: number, messages: readonly ChatMessage[]): void {
     const key = `${runId}\n${stepId}`;
-    const cached = this.#entries.get(key);
+    // A history committed from its start is known whole without a read.
+    const cached = this.#entries.get(key) ?? (cursor === 0 ? [] : undefined);
     if (cached === undefined || cached.length !== cursor) return;
     this.#entries.delete(key);
     this.#put(key, [...cached, ...messages]);

@@ -293,6 +293,12 @@ export interface TurnResult {
   final: AgentResult | null;
   /** Ledger receipts the turn's commit must write (with `receiptsWithCommit`); else empty. */
   receipts: LedgerRecordOp[];
+  /**
+   * The usage reservation of the next turn's model call, prepared and not sent (see
+   * `UsageMeter.prepare`): the caller sends it beside the turn's commit when the same process
+   * takes the next turn. Absent for a final answer, a last allowed turn, or an unmetered step.
+   */
+  ahead?: { reserve(): void };
 }
 
 /**
@@ -377,7 +383,26 @@ export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResu
   const results = await runToolCalls(deps, context, calls, known, deferred);
   debugPoint(DebugPoint.afterTools, `${step.id}:${turn}`);
   added.push(...results);
-  return { messages: added, fingerprint: current.hash, final: null, receipts };
+  const out: TurnResult = { messages: added, fingerprint: current.hash, final: null, receipts };
+  if (deps.meter !== undefined && turn + 1 < step.maxTurns) {
+    // What the next turn will send: this turn's history and messages, shaped as for the model.
+    const conversation = [...history, ...added];
+    const messages =
+      deps.context === undefined
+        ? conversation
+        : await deps.context.prepare({ agent, step, runId, messages: conversation });
+    out.ahead = deps.meter.prepare({
+      agent,
+      tenantId,
+      runId,
+      stepId: step.id,
+      turn: turn + 1,
+      messages,
+      budget: args.budget,
+      stepBudget: step.budgets,
+    });
+  }
+  return out;
 }
 
 /** Where the tool calls of turn `turn` of the step run. */

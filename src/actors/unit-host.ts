@@ -685,6 +685,11 @@ export interface UnitCommit {
   chain: Chain;
   /** What else the commit writes (a turn's messages and last receipt). */
   base?: CommitOptions;
+  /**
+   * Told the unit the job goes on with, as the commit is sent (it may be told again if the commit
+   * is retried after a conflict): what it sends then shares the commit's round trip.
+   */
+  onNext?: (next: JobSpec) => void;
 }
 
 /**
@@ -705,6 +710,7 @@ export async function commitUnit(
     const sole = mayGoOn(chain) ? soleUnit(runId, t.snapshot) : null;
     next = sole !== null && plannedBy(t, data, sole) ? sole : null;
     if (next === null) return base;
+    c.onNext?.(next);
     const { stepId, attempt, turn, pause } = next.data;
     const note = formatUnitNote(attempt!, pause ?? 0, core.clock(), turn, host.identity);
     return {
@@ -848,6 +854,23 @@ export async function runTurnUnit(
   jobSignal?: AbortSignal,
   held?: Admitted,
 ): Promise<UnitOutcome> {
+  if (held === undefined) return turnUnit(host, data, chain, jobSignal);
+  try {
+    return await turnUnit(host, data, chain, jobSignal, held);
+  } finally {
+    // A turn this job went on with may have had its reservation sent with the commit before it:
+    // released if the turn ended without its model call taking it.
+    await host.core.meter.release(data.runId, data.stepId!, data.turn!);
+  }
+}
+
+async function turnUnit(
+  host: UnitHost,
+  data: JobData,
+  chain: Chain,
+  jobSignal?: AbortSignal,
+  held?: Admitted,
+): Promise<UnitOutcome> {
   const { core } = host;
   // Asked for beside the guard's read (one round trip for both): a turn that runs needs it. A
   // turn this job goes on with has nothing journaled: its turn was committed a moment ago, by
@@ -899,6 +922,9 @@ export async function runTurnUnit(
       },
     ),
   );
+  // A reservation sent ahead for this turn and not taken by its model call (the turn failed
+  // before it, or took its reply from the journal) is released before anything is committed.
+  if (held !== undefined) await core.meter.release(runId, stepId, turn);
   const early = await endsEarly(host, env, outcome, data);
   if (early !== null || outcome.kind === 'budget') return early ?? 'budget';
   // The turn commits nothing of itself: once the call is decided, it is taken again from its
@@ -918,7 +944,7 @@ export async function runTurnUnit(
     await afterCommit(host, runId, meta, applied.transition.status);
     return 'failed';
   }
-  const { messages, fingerprint, final, receipts } = outcome.turn;
+  const { messages, fingerprint, final, receipts, ahead } = outcome.turn;
   const cursor = state.agent?.cursor ?? 0;
   const at = core.clock();
   const events: RunEvent[] = [
@@ -945,26 +971,44 @@ export async function runTurnUnit(
     const error = new MaxTurnsExceededError(stepId, step.maxTurns).toJSON();
     events.push(failed(host, stepId, attempt, error));
   }
-  const { applied, next } = await commitUnit(host, {
-    data,
-    env,
-    unit,
-    events,
-    chain,
-    base: {
-      appends: [core.history.appendOp(runId, stepId, cursor, messages)],
-      // The last read-only call's receipt, written with the turn: one write fewer per turn.
-      ...(receipts.length === 0 ? {} : { ledgerRecords: receipts }),
-    },
-  });
-  if (applied.committed) host.histories.committed(runId, stepId, cursor, messages);
-  notifyFailures(host, runId, events, applied, turn);
-  debugPoint(DebugPoint.afterCommit, `${stepId}:${turn}`);
-  const ended = final !== null ? 'succeeded' : 'turn';
-  if (next !== null) return nextUnit(host, next, applied, chain, ended);
-  await core.enqueueDue(runId, applied.envelope, chain.self);
-  await afterCommit(host, runId, meta, applied.transition.status);
-  return ended;
+  // The next turn's reservation, sent beside this commit when this job takes the next turn.
+  const onNext =
+    ahead === undefined || final !== null
+      ? undefined
+      : (next: JobSpec) => {
+          if (next.data.stepId === stepId && next.data.turn === turn + 1) ahead.reserve();
+        };
+  // Whatever this unit does not hand on to the next turn, its reservation is released.
+  let handedOn = false;
+  try {
+    const { applied, next } = await commitUnit(host, {
+      data,
+      env,
+      unit,
+      events,
+      chain,
+      base: {
+        appends: [core.history.appendOp(runId, stepId, cursor, messages)],
+        // The last read-only call's receipt, written with the turn: one write fewer per turn.
+        ...(receipts.length === 0 ? {} : { ledgerRecords: receipts }),
+      },
+      ...(onNext === undefined ? {} : { onNext }),
+    });
+    if (applied.committed) host.histories.committed(runId, stepId, cursor, messages);
+    notifyFailures(host, runId, events, applied, turn);
+    debugPoint(DebugPoint.afterCommit, `${stepId}:${turn}`);
+    const ended = final !== null ? 'succeeded' : 'turn';
+    if (next !== null) {
+      const going = await nextUnit(host, next, applied, chain, ended);
+      handedOn = typeof going !== 'string';
+      return going;
+    }
+    await core.enqueueDue(runId, applied.envelope, chain.self);
+    await afterCommit(host, runId, meta, applied.transition.status);
+    return ended;
+  } finally {
+    if (!handedOn && onNext !== undefined) await core.meter.release(runId, stepId, turn + 1);
+  }
 }
 
 /** Runs the unit a job (or a chain) names: a turn of a granular step, or a step attempt. */

@@ -23,7 +23,7 @@ import { toolParametersSchema } from '../agents/tool-schema.js';
 import type { Logger } from '../logging.js';
 import type { ChatMessage, ModelReply } from '../llm/messages.js';
 import { costMicroUsd, resolvePrice, type ModelPrice, type PricingTable } from '../llm/pricing.js';
-import { estimateRequest, type TokenCounter } from '../llm/tokens.js';
+import { estimateRequest, type RequestEstimate, type TokenCounter } from '../llm/tokens.js';
 import {
   othersOpen,
   type QuotaStore,
@@ -89,6 +89,11 @@ export interface UsageMeterOptions {
   log: Logger;
   /** The token counter of a model. */
   counterFor: (model: string) => TokenCounter;
+  /**
+   * Writes the commands given to the quota store's connection so far now (see `flushWrites`).
+   * @defaultValue nothing to do (the connection writes each command as it is given)
+   */
+  flush?: () => void;
 }
 
 /** Reserves, marks sent and reconciles around model calls. */
@@ -113,6 +118,19 @@ export interface UsageMeter {
   ): Promise<void>;
   /** The price usage of `model` is charged by, or null when the table has none. */
   priceOf(model: string): ModelPrice | null;
+  /**
+   * Prepares the reservation of a call to come (the next turn of a granular step), so it can be
+   * sent beside the commit before it rather than after: `reserve()` sends it (once; later calls do
+   * nothing), and the step's next {@link UsageMeter.call} for `call.turn` takes it when it asks for
+   * the same thing (same agent, messages and limits), else releases it and reserves afresh. Nothing
+   * is sent before `reserve()`. A reservation nobody takes is released by {@link release}.
+   */
+  prepare(call: MeteredCall): { reserve(): void };
+  /**
+   * Releases (reconciles as `none`: nothing was sent) the reservation sent ahead for the step's
+   * turn `turn` or an earlier one that no call took; does nothing when there is none.
+   */
+  release(runId: string, stepId: string, turn: number): Promise<void>;
 }
 
 /** Creates a {@link UsageMeter}. */
@@ -122,6 +140,7 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
   const strict = options.strictPricing ?? false;
   const defaultOutputTokens = options.defaultOutputTokens ?? 1024;
   const { counterFor } = options;
+  const flush = options.flush ?? (() => {});
   const toolsJson = new WeakMap<AgentDefinition, string>();
 
   const toolsOf = (agent: AgentDefinition): string => {
@@ -146,6 +165,92 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
     const microUsd = price === null ? 0 : costMicroUsd(price, { inputTokens, outputTokens });
     return { kind: 'usage', inputTokens, outputTokens, microUsd };
   };
+
+  /** Reservations sent ahead of their call, by run and step (one per step at most). */
+  const ahead = new Map<string, Ahead>();
+
+  /** What a call reserves: its estimate (with its cost) and the limits it is checked against. */
+  const figuresOf = (call: MeteredCall): Figures => {
+    const { agent } = call;
+    const price = resolvePrice(pricing, agent.model, { strict });
+    const estimate = estimateRequest({
+      counter: counterFor(agent.model),
+      systemPrompt: agent.systemPrompt,
+      messages: call.messages,
+      toolsJson: toolsOf(agent),
+      ...(agent.settings.maxTokens === undefined
+        ? {}
+        : { maxOutputTokens: agent.settings.maxTokens }),
+      defaultOutputTokens,
+    });
+    const microUsd = price === null ? 0 : costMicroUsd(price, estimate);
+    const baselineMicroUsd =
+      price === null
+        ? 0
+        : costMicroUsd(price, { inputTokens: estimate.inputTokens, outputTokens: 0 });
+    return {
+      estimate: { ...estimate, microUsd, baselineMicroUsd },
+      limits: { run: limitsOf(call.budget), step: limitsOf(call.stepBudget) },
+    };
+  };
+
+  /**
+   * Reserves a call's estimate. The run's or the step's own budget refused: `BudgetExceededError`
+   * (the run stops with budget_exceeded, or the step fails with it, like its other budgets); the
+   * tenant's quota refused: `UsageLimitExceededError`.
+   */
+  async function reserveFor(
+    call: MeteredCall,
+    estimate: Figures['estimate'],
+    limits: Figures['limits'],
+  ): Promise<Reservation> {
+    const { tenantId, runId, stepId, turn } = call;
+    try {
+      return await quota.reserve({
+        reservationId: `${stepId}:${turn}:${randomUUID()}`,
+        tenantId,
+        runId,
+        stepId,
+        turn,
+        estimate,
+        runLimits: limits.run,
+        stepLimits: limits.step,
+      });
+    } catch (error) {
+      if (error instanceof UsageLimitExceededError && error.info.scope !== 'tenant') {
+        const { limit: budget, limitValue, used: spent, reserved, requested } = error.info;
+        const limit = budget === 'maxTokens' ? limitValue : limitValue / 1_000_000;
+        const used = spent + reserved + requested;
+        throw new BudgetExceededError(
+          budget,
+          limit,
+          budget === 'maxTokens' ? used : used / 1_000_000,
+          { cause: error, ...(error.info.scope === 'step' ? { stepId } : {}) },
+        );
+      }
+      throw error;
+    }
+  }
+
+  /** Reconciles a reservation sent ahead that no call took: nothing was sent, nothing is due. */
+  async function releaseAhead(held: Ahead): Promise<void> {
+    const { tenantId, runId, stepId, turn } = held.call;
+    let reservation: Reservation;
+    try {
+      reservation = await held.reserved;
+    } catch {
+      return; // refused or never written: nothing to release
+    }
+    try {
+      await quota.reconcile(tenantId, reservation.id, { kind: 'none' }, undefined, runId);
+    } catch (error) {
+      // Left open: the step's next reservation finds it and settles it.
+      log.warn(
+        { runId, stepId, turn, reservationId: reservation.id, error: (error as Error).message },
+        'could not release a usage reservation sent ahead of its call',
+      );
+    }
+  }
 
   async function settle(
     where: { tenantId: string; runId: string; stepId?: string; agent?: AgentDefinition },
@@ -201,64 +306,57 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
     settle,
     priceOf: (model) => resolvePrice(pricing, model, { strict: false }),
 
+    prepare(call) {
+      const key = aheadKey(call.runId, call.stepId);
+      let figures: Figures;
+      try {
+        figures = figuresOf(call);
+      } catch {
+        // Refused before anything is sent (strict pricing): the call itself will say why.
+        return { reserve: () => {} };
+      }
+      let sent = false;
+      return {
+        reserve() {
+          if (sent) return;
+          sent = true;
+          const before = ahead.get(key);
+          if (before !== undefined) void releaseAhead(before);
+          const reserved = reserveFor(call, figures.estimate, figures.limits);
+          reserved.catch(() => {}); // met by the call that takes it, or by the release
+          ahead.set(key, { ...figures, call, reserved });
+        },
+      };
+    },
+
+    async release(runId, stepId, turn) {
+      const key = aheadKey(runId, stepId);
+      const held = ahead.get(key);
+      if (held === undefined || held.call.turn > turn) return;
+      ahead.delete(key);
+      await releaseAhead(held);
+    },
+
     async call(call, send) {
       const { agent, tenantId, runId, stepId, turn } = call;
       const price = resolvePrice(pricing, agent.model, { strict });
-      const estimate = estimateRequest({
-        counter: counterFor(agent.model),
-        systemPrompt: agent.systemPrompt,
-        messages: call.messages,
-        toolsJson: toolsOf(agent),
-        ...(agent.settings.maxTokens === undefined
-          ? {}
-          : { maxOutputTokens: agent.settings.maxTokens }),
-        defaultOutputTokens,
-      });
-      const microUsd = price === null ? 0 : costMicroUsd(price, estimate);
-      const baselineMicroUsd =
-        price === null
-          ? 0
-          : costMicroUsd(price, { inputTokens: estimate.inputTokens, outputTokens: 0 });
-      const limits = call.budget;
-      const stepLimits = call.stepBudget;
-      let reservation: Reservation;
-      try {
-        reservation = await quota.reserve({
-          reservationId: `${stepId}:${turn}:${randomUUID()}`,
-          tenantId,
-          runId,
-          stepId,
-          turn,
-          estimate: { ...estimate, microUsd, baselineMicroUsd },
-          runLimits: {
-            ...(limits?.maxTokens === undefined ? {} : { maxTokens: limits.maxTokens }),
-            ...(limits?.maxCostUsd === undefined
-              ? {}
-              : { maxMicroUsd: Math.floor(limits.maxCostUsd * 1_000_000) }),
-          },
-          stepLimits: {
-            ...(stepLimits?.maxTokens === undefined ? {} : { maxTokens: stepLimits.maxTokens }),
-            ...(stepLimits?.maxCostUsd === undefined
-              ? {}
-              : { maxMicroUsd: Math.floor(stepLimits.maxCostUsd * 1_000_000) }),
-          },
-        });
-      } catch (error) {
-        if (error instanceof UsageLimitExceededError && error.info.scope !== 'tenant') {
-          // The run's own budget: the run stops with budget_exceeded, like its other budgets. The
-          // step's: the step fails with budget_exceeded.
-          const { limit: budget, limitValue, used: spent, reserved, requested } = error.info;
-          const limit = budget === 'maxTokens' ? limitValue : limitValue / 1_000_000;
-          const used = spent + reserved + requested;
-          throw new BudgetExceededError(
-            budget,
-            limit,
-            budget === 'maxTokens' ? used : used / 1_000_000,
-            { cause: error, ...(error.info.scope === 'step' ? { stepId } : {}) },
-          );
-        }
-        throw error;
+      const key = aheadKey(runId, stepId);
+      const held = ahead.get(key);
+      let estimate: Figures['estimate'];
+      let reserving: Promise<Reservation>;
+      if (held !== undefined && held.call.turn <= turn) ahead.delete(key);
+      if (held !== undefined && held.call.turn === turn && sameCall(held.call, call)) {
+        ({ estimate } = held);
+        reserving = held.reserved;
+      } else {
+        // Asked for something else (its history changed under it, say): released first, so the
+        // reservation below does not find it open.
+        if (held !== undefined && held.call.turn <= turn) await releaseAhead(held);
+        const figures = figuresOf(call);
+        estimate = figures.estimate;
+        reserving = reserveFor(call, estimate, figures.limits);
       }
+      const reservation = await reserving;
       if (othersOpen(reservation) > 0) {
         await settle(
           { tenantId, runId, stepId, agent },
@@ -300,9 +398,9 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
         const reconciled = quota.reconcile(tenantId, reservation.id, outcome, undefined, runId);
         if (reply !== undefined && call.alongside !== undefined) {
           reconciled.catch(() => {}); // met below
-          // A connection's writes leave within one turn of the event loop: the reconcile is on
-          // the wire before anything `alongside` sends.
-          await new Promise((resolve) => setImmediate(resolve));
+          // The reconcile goes on the wire before anything `alongside` sends: a process that dies
+          // right after still has the reply's usage charged.
+          flush();
           call.alongside({ ...reply, reservationId: reservation.id });
         }
         await reconciled;
@@ -319,6 +417,60 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
       }
     },
   };
+}
+
+/** A call's reservation figures: the estimate with its cost, and the limits it is checked against. */
+interface Figures {
+  estimate: RequestEstimate & { microUsd: number; baselineMicroUsd: number };
+  limits: { run: UsageLimits; step: UsageLimits };
+}
+
+type UsageLimits = { maxTokens?: number; maxMicroUsd?: number };
+
+/** A reservation sent ahead of its call. */
+interface Ahead extends Figures {
+  call: MeteredCall;
+  reserved: Promise<Reservation>;
+}
+
+function sameMessage(a: ChatMessage, b: ChatMessage): boolean {
+  if (a === b) return true;
+  if (a.role !== b.role || a.content !== b.content) return false;
+  if (a.role === 'tool') return a.tool_call_id === (b as typeof a).tool_call_id;
+  if (a.role !== 'assistant') return true;
+  const [x, y] = [a.tool_calls ?? [], (b as typeof a).tool_calls ?? []];
+  return (
+    x.length === y.length &&
+    x.every((c, i) => c.id === y[i]!.id && c.name === y[i]!.name && c.arguments === y[i]!.arguments)
+  );
+}
+
+const aheadKey = (runId: string, stepId: string): string => `${runId}\n${stepId}`;
+
+function limitsOf(budget: RunUsageBudget | undefined): UsageLimits {
+  return {
+    ...(budget?.maxTokens === undefined ? {} : { maxTokens: budget.maxTokens }),
+    ...(budget?.maxCostUsd === undefined
+      ? {}
+      : { maxMicroUsd: Math.floor(budget.maxCostUsd * 1_000_000) }),
+  };
+}
+
+/**
+ * Whether a call asks for what a reservation sent ahead was made for: the same agent and tenant,
+ * the same messages, and the same limits. Messages are mostly the same objects (a step's history
+ * is kept in memory between its turns); others (a truncation's placeholder, a tool result put back
+ * from its blob) are compared by what they say.
+ */
+function sameCall(a: MeteredCall, b: MeteredCall): boolean {
+  if (a.agent !== b.agent || a.tenantId !== b.tenantId) return false;
+  if (a.messages.length !== b.messages.length) return false;
+  for (let i = 0; i < a.messages.length; i++) {
+    if (!sameMessage(a.messages[i]!, b.messages[i]!)) return false;
+  }
+  const same = (x: RunUsageBudget | undefined, y: RunUsageBudget | undefined) =>
+    x?.maxTokens === y?.maxTokens && x?.maxCostUsd === y?.maxCostUsd;
+  return same(a.budget, b.budget) && same(a.stepBudget, b.stepBudget);
 }
 
 /** True when the provider answered with an error status: it generated nothing. */

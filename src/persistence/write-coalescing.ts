@@ -16,20 +16,42 @@ import type { Redis } from 'ioredis';
  */
 export function coalesceWrites(redis: Redis): Redis {
   const send = redis.sendCommand.bind(redis);
-  let corked = false;
+  /** The corked socket, until its turn ends or a flush. */
+  let corked: Redis['stream'] | null = null;
+  const uncork = (): void => {
+    const socket = corked;
+    corked = null;
+    socket?.uncork();
+  };
   const coalescing: Redis['sendCommand'] = (command, stream) => {
     // Undefined until the first connection is made.
     const socket = redis.stream as Redis['stream'] | undefined;
-    if (!corked && stream === undefined && socket !== undefined && redis.status === 'ready') {
-      corked = true;
+    if (
+      corked === null &&
+      stream === undefined &&
+      socket !== undefined &&
+      redis.status === 'ready'
+    ) {
+      corked = socket;
       socket.cork();
-      process.nextTick(() => {
-        corked = false;
-        socket.uncork();
-      });
+      process.nextTick(uncork);
     }
     return send(command, stream);
   };
   redis.sendCommand = coalescing;
+  flushes.set(redis, uncork);
   return redis;
+}
+
+const flushes = new WeakMap<Redis, () => void>();
+
+/**
+ * Writes the commands `redis` was given so far in this turn of the event loop now, rather than
+ * at the turn's end: for a caller that needs them on the wire before it goes on (a written
+ * command reaches Redis even if the process dies next). Does nothing for a client that does not
+ * coalesce its writes (its commands are written as they are given).
+ * @internal
+ */
+export function flushWrites(redis: Redis): void {
+  flushes.get(redis)?.();
 }

@@ -1,8 +1,9 @@
 /**
  * What a granular turn waits on: the Redis round trips on the runtime's connection from one model
  * request to the next, in a run of turns that each call one read-only tool (its journal write
- * shares the usage reconcile's round trip, its receipt is written by its commit), with and
- * without a tenant quota; and what the ledger and the usage records hold afterwards.
+ * shares the usage reconcile's round trip, its receipt is written by its commit, and the next
+ * turn's usage reservation goes out with that commit), with and without a tenant quota; and what
+ * the ledger and the usage records hold afterwards.
  */
 import { randomUUID } from 'node:crypto';
 import type { Redis } from 'ioredis';
@@ -107,8 +108,8 @@ describe('the round trips of a granular turn', () => {
   });
 
   it.each([
-    ['no tenant quota', 3, false],
-    ['a tenant quota', 4, true],
+    ['no tenant quota', 2, false],
+    ['a tenant quota', 2, true],
   ])(
     'with %s, a turn with one read-only call waits on at most %i round trips',
     async (_what, most, quota) => {
