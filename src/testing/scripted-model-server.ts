@@ -152,6 +152,8 @@ export async function startScriptedModelServer(
   let queued = 0;
   let closing: Promise<void> | undefined;
   const stopped = new AbortController();
+  /** The signals of the requests being answered, aborted when the server stops. */
+  const live = new Set<AbortController>();
   const sockets = new Set<Socket>();
 
   const nextCallId = (): string => `call_${++callCount}`;
@@ -262,9 +264,16 @@ export async function startScriptedModelServer(
   };
 
   const handle = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
+    // Aborted when the client leaves before its reply is complete, or when the server stops. A
+    // reply that went out whole aborts nothing (an abort builds an error: not worth it per call).
     const gone = new AbortController();
-    res.on('close', () => gone.abort());
-    const signal = AbortSignal.any([gone.signal, stopped.signal]);
+    if (stopped.signal.aborted) gone.abort();
+    live.add(gone);
+    res.on('close', () => {
+      live.delete(gone);
+      if (!res.writableFinished) gone.abort();
+    });
+    const signal = gone.signal;
     const raw = await readBody(req);
     let body: unknown;
     try {
@@ -402,6 +411,7 @@ export async function startScriptedModelServer(
     close() {
       closing ??= new Promise<void>((resolve) => {
         stopped.abort();
+        for (const request of live) request.abort();
         server.close(() => resolve());
         for (const socket of sockets) socket.destroy();
         server.closeAllConnections();
