@@ -971,12 +971,16 @@ async function turnUnit(
     const error = new MaxTurnsExceededError(stepId, step.maxTurns).toJSON();
     events.push(failed(host, stepId, attempt, error));
   }
-  // The next turn's reservation, sent beside this commit when this job takes the next turn.
+  // The next turn's reservation, sent beside this commit when this job takes the next turn: right
+  // after it in the same write (the commit is sent once its options are taken), so the commit's
+  // own answer does not wait on the reservation.
   const onNext =
     ahead === undefined || final !== null
       ? undefined
       : (next: JobSpec) => {
-          if (next.data.stepId === stepId && next.data.turn === turn + 1) ahead.reserve();
+          if (next.data.stepId === stepId && next.data.turn === turn + 1) {
+            queueMicrotask(() => ahead.reserve());
+          }
         };
   // Whatever this unit does not hand on to the next turn, its reservation is released.
   let handedOn = false;
