@@ -245,11 +245,96 @@ const reservationSchema = z.object({
 
 function decode(raw: string): Reservation {
   try {
-    return reservationSchema.parse(JSON.parse(raw));
+    const value: unknown = JSON.parse(raw);
+    // Read on every model call (reserve, mark, reconcile): checked by hand first, and by the
+    // schema (for its message) only when that check does not pass.
+    return reservationOf(value) ?? reservationSchema.parse(value);
   } catch (cause) {
     const reason = cause instanceof Error ? cause.message.split('\n')[0] : String(cause);
     throw new InvariantError(`a usage reservation is unreadable (${reason})`, { cause });
   }
+}
+
+const isAmount = (v: unknown): v is number => Number.isSafeInteger(v) && (v as number) >= 0;
+const isTime = (v: unknown): v is number => typeof v === 'number' && Number.isFinite(v);
+const KINDS: ReadonlySet<unknown> = new Set(kindSchema.options);
+const STATES: ReadonlySet<unknown> = new Set(reservationSchema.shape.state.options);
+const isKind = (v: unknown): v is ReconcileKind | null => v === null || KINDS.has(v);
+
+/**
+ * The reservation `value` holds when it passes {@link reservationSchema} for certain (no stricter
+ * than it: a value refused here is given to the schema), built with the schema's fields only; else
+ * null.
+ */
+function reservationOf(value: unknown): Reservation | null {
+  if (typeof value !== 'object' || value === null) return null;
+  const v = value as Record<string, unknown>;
+  const e = v['estimate'] as Record<string, unknown> | null | undefined;
+  const c = v['charged'] as Record<string, unknown> | null | undefined;
+  const { id, tenantId, runId, stepId, turn, state, createdAt, sentAt, reconciledAt, seq } = v;
+  if (
+    typeof id !== 'string' ||
+    typeof tenantId !== 'string' ||
+    typeof runId !== 'string' ||
+    typeof stepId !== 'string' ||
+    !isAmount(turn) ||
+    !STATES.has(state) ||
+    typeof e !== 'object' ||
+    e === null ||
+    !isAmount(e['inputTokens']) ||
+    !isAmount(e['outputTokens']) ||
+    !isAmount(e['microUsd']) ||
+    !isAmount(e['baselineMicroUsd']) ||
+    !isAmount(v['reservedTokens']) ||
+    !isAmount(v['reservedMicroUsd']) ||
+    c === undefined ||
+    (c !== null &&
+      (typeof c !== 'object' ||
+        !isAmount(c['inputTokens']) ||
+        !isAmount(c['outputTokens']) ||
+        !isAmount(c['tokens']) ||
+        !isAmount(c['microUsd']))) ||
+    !isKind(v['outcome']) ||
+    !isKind(v['requestedOutcome']) ||
+    !isTime(createdAt) ||
+    (sentAt !== null && !isTime(sentAt)) ||
+    (reconciledAt !== null && !isTime(reconciledAt)) ||
+    !Number.isSafeInteger(seq) ||
+    (seq as number) <= 0
+  ) {
+    return null;
+  }
+  return {
+    id,
+    tenantId,
+    runId,
+    stepId,
+    turn,
+    state: state as ReservationState,
+    estimate: {
+      inputTokens: e['inputTokens'],
+      outputTokens: e['outputTokens'],
+      microUsd: e['microUsd'],
+      baselineMicroUsd: e['baselineMicroUsd'],
+    },
+    reservedTokens: v['reservedTokens'],
+    reservedMicroUsd: v['reservedMicroUsd'],
+    charged:
+      c === null
+        ? null
+        : {
+            inputTokens: c['inputTokens'] as number,
+            outputTokens: c['outputTokens'] as number,
+            tokens: c['tokens'] as number,
+            microUsd: c['microUsd'] as number,
+          },
+    outcome: v['outcome'],
+    requestedOutcome: v['requestedOutcome'],
+    createdAt,
+    sentAt: sentAt,
+    reconciledAt: reconciledAt,
+    seq: seq as number,
+  };
 }
 
 function refuse(what: string, path: string, message: string): never {

@@ -2,6 +2,7 @@ import type { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import {
   InputValidationError,
+  InvariantError,
   ReservationNotFoundError,
   UsageLimitExceededError,
 } from '../../src/errors.js';
@@ -442,6 +443,38 @@ describe('quota store: markSent and reconcile', () => {
     await expect(store.reconcile(T, 'res-9', { kind: 'none' }, undefined, R)).rejects.toThrow(
       ReservationNotFoundError,
     );
+  });
+
+  it('a stored reservation that is not one is refused as unreadable, naming what is wrong; a good one reads back exactly', async () => {
+    const made = await store.reserve(req(1));
+    const key = keys.reservations(T);
+    const raw = (await redis.hget(key, 'res-1'))!;
+    // Fields the record does not know are dropped; the rest reads back as written.
+    await redis.hset(key, 'res-1', JSON.stringify({ ...JSON.parse(raw), extra: 1 }));
+    expect(await store.get(T, 'res-1')).toEqual(made);
+    const broken: [string, (r: Record<string, unknown>) => unknown][] = [
+      ['a negative amount', (r) => ({ ...r, reservedTokens: -1 })],
+      ['a fractional turn', (r) => ({ ...r, turn: 1.5 })],
+      ['an unknown state', (r) => ({ ...r, state: 'lost' })],
+      ['a missing estimate field', (r) => ({ ...r, estimate: { inputTokens: 1 } })],
+      ['a charge that is not an object', (r) => ({ ...r, charged: 'all' })],
+      ['an unknown outcome', (r) => ({ ...r, outcome: 'refund' })],
+      ['a missing sentAt', ({ sentAt: _sentAt, ...r }) => r],
+      ['a zero seq', (r) => ({ ...r, seq: 0 })],
+      ['not an object', () => [1, 2]],
+    ];
+    for (const [what, change] of broken) {
+      await redis.hset(
+        key,
+        'res-1',
+        JSON.stringify(change(JSON.parse(raw) as Record<string, unknown>)),
+      );
+      const error = await caught(store.get(T, 'res-1'));
+      expect(error, what).toBeInstanceOf(InvariantError);
+      expect((error as Error).message, what).toMatch(/a usage reservation is unreadable \(/);
+    }
+    await redis.hset(key, 'res-1', '{not json');
+    expect(await caught(store.get(T, 'res-1'))).toBeInstanceOf(InvariantError);
   });
 
   it('a reconcile replayed by two clients at once applies once', async () => {
