@@ -140,7 +140,14 @@ export function createModelContext(options: ModelContextOptions): ModelContext {
         return null;
       };
       const out: ChatMessage[] = [];
-      for (const m of kept) out.push(await rehydrate(m, { runId, step, agent, toolOf }));
+      for (const m of kept) {
+        // Most messages hold no blob reference: taken as they are, without a turn of the loop.
+        out.push(
+          m.content === null || !m.content.includes(REF_MARK)
+            ? m
+            : await rehydrate(m, { runId, step, agent, toolOf }),
+        );
+      }
       return out;
     },
   };
