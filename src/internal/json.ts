@@ -124,6 +124,9 @@ function walk(
   report: Report,
   describeFirstSeen: (segments: readonly PathSegment[]) => string,
 ): void {
+  // Most values checked are small (a tool's arguments, a step's output): settled without the
+  // walk's stacks when they are plain for certain.
+  if (quickPlain(root)) return;
   const path: PathSegment[] = [];
   // Objects being walked, outermost first, with their path lengths; a Set for fast lookups.
   const onPath = new Set<object>();
@@ -239,6 +242,60 @@ function walk(
     openDepth.push(path.length);
     entries.push({ issues: before, visited });
     return true;
+  }
+}
+
+/** How many values {@link quickPlain} looks at before it leaves a value to the walk. */
+const QUICK_NODES = 64;
+/** How deep {@link quickPlain} goes before it leaves a value to the walk. */
+const QUICK_DEPTH = 8;
+
+/**
+ * True when `value` is small plain JSON for certain: strings, booleans, null, finite numbers,
+ * arrays without holes or undefined items, and objects with a plain prototype and no symbol keys,
+ * at most {@link QUICK_NODES} values and {@link QUICK_DEPTH} levels. False when it is not, or is not
+ * known to be: the walk then decides, and says where and why.
+ */
+function quickPlain(value: unknown): boolean {
+  let budget = QUICK_NODES;
+  const plain = (v: unknown, depth: number): boolean => {
+    if (--budget < 0) return false;
+    switch (typeof v) {
+      case 'string':
+      case 'boolean':
+        return true;
+      case 'number':
+        return Number.isFinite(v);
+      case 'object':
+        break;
+      default:
+        return false;
+    }
+    if (v === null) return true;
+    if (depth >= QUICK_DEPTH) return false;
+    if (Array.isArray(v)) {
+      for (let i = 0; i < v.length; i++) {
+        if (!(i in v)) return false;
+        const item: unknown = v[i];
+        if (item === undefined || !plain(item, depth + 1)) return false;
+      }
+      return true;
+    }
+    const proto: unknown = Object.getPrototypeOf(v);
+    if (proto !== Object.prototype && proto !== null) return false;
+    if (Object.getOwnPropertySymbols(v).length > 0) return false;
+    const record = v as Record<string, unknown>;
+    for (const k of Object.keys(record)) {
+      const item = record[k];
+      // Like JSON.stringify: an undefined property is an absent property.
+      if (item !== undefined && !plain(item, depth + 1)) return false;
+    }
+    return true;
+  };
+  try {
+    return plain(value, 0);
+  } catch {
+    return false; // a throwing getter or proxy: the walk reports it
   }
 }
 

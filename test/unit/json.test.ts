@@ -166,6 +166,23 @@ describe('findNonJson', () => {
     expect(issues[0]!.message).toMatch(/^nested deeper than 512 levels/);
   });
 
+  it('finds a bad place in small and large values, shallow and deep, alike', () => {
+    // Small values are settled by a quick check, large or deep ones by the walk: both must report.
+    for (const size of [1, 10, 63, 64, 65, 200]) {
+      const list = [...Array.from({ length: size }, (_, i) => ({ i })), { bad: NaN }];
+      expect(
+        findNonJson({ list }, 'v').map((i) => i.path),
+        `${size} items`,
+      ).toEqual([`v.list[${size}].bad`]);
+      expect(findNonJson({ list: list.slice(0, -1) }, 'v'), `${size} items`).toEqual([]);
+    }
+    for (const depth of [1, 7, 8, 9, 20]) {
+      let deep: unknown = { bad: undefined, also: [undefined] };
+      for (let d = 0; d < depth; d++) deep = { d: deep };
+      expect(findNonJson(deep, 'v'), `depth ${depth}`).toHaveLength(1);
+    }
+  });
+
   it('reports a throwing getter instead of throwing', () => {
     const value = {
       get bad(): never {
