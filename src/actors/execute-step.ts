@@ -298,6 +298,8 @@ async function takeOneTurn(
     replay?: ReplayedCalls;
     /** Leave the last read-only receipt for the turn's commit (see `TurnArgs`). */
     receiptsWithCommit?: boolean;
+    /** Prepare the next turn's reservation (see `TurnArgs`). */
+    aheadOfNext?: boolean;
   },
 ): Promise<TurnOutcome> {
   const { step, state, runId, tenantId, signal } = args;
@@ -336,6 +338,7 @@ async function takeOneTurn(
         ...(deps.budget === undefined ? {} : { budget: deps.budget }),
         ...(args.journaled === undefined ? {} : { journaled: args.journaled }),
         ...(args.receiptsWithCommit === true ? { receiptsWithCommit: true } : {}),
+        ...(args.aheadOfNext === true ? { aheadOfNext: true } : {}),
       },
     );
     return { kind: 'turn', turn };

@@ -281,6 +281,11 @@ export interface TurnArgs extends AgentStepArgs {
    * the caller's commit to write (see {@link TurnResult.receipts}). @defaultValue written here
    */
   receiptsWithCommit?: boolean;
+  /**
+   * The caller may take the next turn itself, with its reservation sent beside this turn's commit
+   * (see {@link TurnResult.ahead}). @defaultValue false: nothing is prepared
+   */
+  aheadOfNext?: boolean;
 }
 
 /** What a granular turn came to; the caller commits it. */
@@ -296,7 +301,8 @@ export interface TurnResult {
   /**
    * The usage reservation of the next turn's model call, prepared and not sent (see
    * `UsageMeter.prepare`): the caller sends it beside the turn's commit when the same process
-   * takes the next turn. Absent for a final answer, a last allowed turn, or an unmetered step.
+   * takes the next turn. Absent for a final answer, a last allowed turn, an unmetered step, or
+   * without `aheadOfNext`.
    */
   ahead?: { reserve(): void };
 }
@@ -384,7 +390,7 @@ export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResu
   debugPoint(DebugPoint.afterTools, `${step.id}:${turn}`);
   added.push(...results);
   const out: TurnResult = { messages: added, fingerprint: current.hash, final: null, receipts };
-  if (deps.meter !== undefined && turn + 1 < step.maxTurns) {
+  if (args.aheadOfNext === true && deps.meter !== undefined && turn + 1 < step.maxTurns) {
     // What the next turn will send: this turn's history and messages, shaped as for the model.
     const conversation = [...history, ...added];
     const messages =

@@ -918,6 +918,8 @@ async function turnUnit(
         journaled,
         signal,
         receiptsWithCommit: true,
+        // Only a job that may go on with the next turn sends its reservation ahead.
+        aheadOfNext: mayGoOn(chain),
         ...replayOf(host, runId, meta, step),
       },
     ),
