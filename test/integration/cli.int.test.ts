@@ -522,6 +522,27 @@ describe('printed commands run as printed', { timeout: 60_000, concurrent: true 
     );
   });
 
+  it('flujo run --json: due work no worker takes is a JSON line with the worker and resume commands', async () => {
+    const prefix = newPrefix();
+    const run = await flujo(['run', PAIR, '--concurrency', '1', '--json'], { prefix });
+    expect(run.code, run.err).toBe(0);
+    const events = run.lines
+      .filter((l) => l.startsWith('{'))
+      .map((l) => JSON.parse(l) as Record<string, unknown>);
+    const idle = events.filter((e) => e['type'] === 'idle');
+    expect(idle).toHaveLength(1);
+    const runId = events.find((e) => e['type'] === 'run')?.['runId'] as string;
+    expect(runId).toEqual(expect.any(String));
+    expect(idle[0]).toMatchObject({
+      stepId: expect.stringMatching(/^[ab]$/) as unknown,
+      idleMs: expect.any(Number) as unknown,
+      commands: {
+        worker: `npx flujo worker ${PAIR}`,
+        resume: `npx flujo resume ${runId} ${PAIR}`,
+      },
+    });
+  });
+
   it('flujo status of a run that does not record its module: the placeholder says it is one', async () => {
     const prefix = newPrefix();
     const runtime = createRuntime({ redis: redisUrl(), prefix }).operator('a', () => null);

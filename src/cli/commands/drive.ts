@@ -80,8 +80,10 @@ async function liveView(
           const idle = report.idle;
           if (idle !== null && !state.getSnapshot().context.toldIdle.includes(idle.stepId)) {
             state.trigger.idleTold({ stepId: idle.stepId });
-            if (options.json) line(JSON.stringify({ type: 'idle', ...idle }));
-            else line(idleLine(idle, options.next));
+            if (options.json) {
+              const { worker, resume } = options.next;
+              line(JSON.stringify({ type: 'idle', ...idle, commands: { worker, resume } }));
+            } else line(idleLine(idle, options.next));
           }
           arm();
         },
