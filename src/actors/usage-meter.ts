@@ -12,6 +12,7 @@
  * reply was this reservation's, else as above.
  */
 import { randomUUID } from 'node:crypto';
+import { isDeepStrictEqual } from 'node:util';
 import {
   BudgetExceededError,
   UsageLimitExceededError,
@@ -169,6 +170,15 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
   /** Reservations sent ahead of their call, by run and step (one per step at most). */
   const ahead = new Map<string, Ahead>();
 
+  /** Takes the step's reservation sent ahead for `turn` or an earlier turn; a later one stays. */
+  const take = (runId: string, stepId: string, turn: number): Ahead | undefined => {
+    const key = aheadKey(runId, stepId);
+    const held = ahead.get(key);
+    if (held === undefined || held.call.turn > turn) return undefined;
+    ahead.delete(key);
+    return held;
+  };
+
   /** What a call reserves: its estimate (with its cost) and the limits it is checked against. */
   const figuresOf = (call: MeteredCall): Figures => {
     const { agent } = call;
@@ -324,34 +334,29 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
           if (before !== undefined) void releaseAhead(before);
           const reserved = reserveFor(call, figures.estimate, figures.limits);
           reserved.catch(() => {}); // met by the call that takes it, or by the release
-          ahead.set(key, { ...figures, call, reserved });
+          ahead.set(key, { call, estimate: figures.estimate, reserved });
         },
       };
     },
 
     async release(runId, stepId, turn) {
-      const key = aheadKey(runId, stepId);
-      const held = ahead.get(key);
-      if (held === undefined || held.call.turn > turn) return;
-      ahead.delete(key);
-      await releaseAhead(held);
+      const held = take(runId, stepId, turn);
+      if (held !== undefined) await releaseAhead(held);
     },
 
     async call(call, send) {
       const { agent, tenantId, runId, stepId, turn } = call;
       const price = resolvePrice(pricing, agent.model, { strict });
-      const key = aheadKey(runId, stepId);
-      const held = ahead.get(key);
+      const held = take(runId, stepId, turn);
       let estimate: Figures['estimate'];
       let reserving: Promise<Reservation>;
-      if (held !== undefined && held.call.turn <= turn) ahead.delete(key);
       if (held !== undefined && held.call.turn === turn && sameCall(held.call, call)) {
         ({ estimate } = held);
         reserving = held.reserved;
       } else {
         // Asked for something else (its history changed under it, say): released first, so the
         // reservation below does not find it open.
-        if (held !== undefined && held.call.turn <= turn) await releaseAhead(held);
+        if (held !== undefined) await releaseAhead(held);
         const figures = figuresOf(call);
         estimate = figures.estimate;
         reserving = reserveFor(call, estimate, figures.limits);
@@ -428,21 +433,10 @@ interface Figures {
 type UsageLimits = { maxTokens?: number; maxMicroUsd?: number };
 
 /** A reservation sent ahead of its call. */
-interface Ahead extends Figures {
+interface Ahead {
   call: MeteredCall;
+  estimate: Figures['estimate'];
   reserved: Promise<Reservation>;
-}
-
-function sameMessage(a: ChatMessage, b: ChatMessage): boolean {
-  if (a === b) return true;
-  if (a.role !== b.role || a.content !== b.content) return false;
-  if (a.role === 'tool') return a.tool_call_id === (b as typeof a).tool_call_id;
-  if (a.role !== 'assistant') return true;
-  const [x, y] = [a.tool_calls ?? [], (b as typeof a).tool_calls ?? []];
-  return (
-    x.length === y.length &&
-    x.every((c, i) => c.id === y[i]!.id && c.name === y[i]!.name && c.arguments === y[i]!.arguments)
-  );
 }
 
 const aheadKey = (runId: string, stepId: string): string => `${runId}\n${stepId}`;
@@ -466,7 +460,8 @@ function sameCall(a: MeteredCall, b: MeteredCall): boolean {
   if (a.agent !== b.agent || a.tenantId !== b.tenantId) return false;
   if (a.messages.length !== b.messages.length) return false;
   for (let i = 0; i < a.messages.length; i++) {
-    if (!sameMessage(a.messages[i]!, b.messages[i]!)) return false;
+    const [x, y] = [a.messages[i]!, b.messages[i]!];
+    if (x !== y && !isDeepStrictEqual(x, y)) return false;
   }
   const same = (x: RunUsageBudget | undefined, y: RunUsageBudget | undefined) =>
     x?.maxTokens === y?.maxTokens && x?.maxCostUsd === y?.maxCostUsd;

@@ -193,7 +193,13 @@ describe('the meter, with a reservation prepared ahead', () => {
     const before = await reserveCalls();
     meter.prepare(call(1)).reserve();
     meter.prepare(call(1)).reserve(); // a second handle for the step replaces the first
-    await meter.call(call(1, [...history]), send); // equal messages, not the same array
+    await meter.call(
+      call(
+        1,
+        history.map((m) => ({ ...m })),
+      ),
+      send,
+    ); // equal messages, not the same objects
     expect(await states()).toEqual([
       [1, 'reconciled', 'none'],
       [1, 'reconciled', 'usage'],
