@@ -105,6 +105,23 @@ function closed(req: http.IncomingMessage): Promise<void> {
   });
 }
 
+/**
+ * Aborts `controller` and expects `pending` to reject with an AbortError within 100 ms, and the
+ * server side of `held`'s connection to close.
+ */
+async function abortsPromptly(
+  controller: AbortController,
+  pending: Promise<unknown>,
+  held: http.IncomingMessage,
+): Promise<void> {
+  const started = performance.now();
+  controller.abort();
+  const error = await rejection(pending);
+  expect(performance.now() - started).toBeLessThan(100);
+  expect(error.name).toBe('AbortError');
+  await closed(held);
+}
+
 describe('nodeHttpFetch: requests', () => {
   it('a GET sends the headers given, no body and no content-length', async () => {
     const server = await serve((res) => {
@@ -357,12 +374,7 @@ describe('nodeHttpFetch: aborts', () => {
       signal: controller.signal,
     });
     await until(() => held !== undefined);
-    const started = performance.now();
-    controller.abort();
-    const error = await rejection(pending);
-    expect(performance.now() - started).toBeLessThan(100);
-    expect(error.name).toBe('AbortError');
-    await closed(held!);
+    await abortsPromptly(controller, pending, held!);
   });
 
   it('an abort while the body is streaming in rejects and closes the connection', async () => {
@@ -378,12 +390,7 @@ describe('nodeHttpFetch: aborts', () => {
     await until(() => held !== undefined);
     // The head and the first bytes are on the wire: let them arrive before the abort.
     await new Promise((resolve) => setTimeout(resolve, 50));
-    const started = performance.now();
-    controller.abort();
-    const error = await rejection(pending);
-    expect(performance.now() - started).toBeLessThan(100);
-    expect(error.name).toBe('AbortError');
-    await closed(held!);
+    await abortsPromptly(controller, pending, held!);
   });
 
   it('leaves no listener on a signal shared by many requests, whatever their end', async () => {
