@@ -104,9 +104,13 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
   } catch (error) {
     badInput(loadFailure(name, file, cwd, error));
   }
-  // `export default { plan, operators }` works too.
+  // `export default defineJob({ plan, … })` (or `{ plan, operators }`) is the job, also beside a
+  // named `plan` the module exports for its own starters; else the named exports are.
+  const fallback = loaded['default'];
   const mod =
-    loaded['plan'] === undefined && isRecord(loaded['default']) ? loaded['default'] : loaded;
+    isRecord(fallback) && (fallback['plan'] !== undefined || loaded['plan'] === undefined)
+      ? fallback
+      : loaded;
   checkExportNames(name, mod);
 
   let source: unknown = mod['plan'];

@@ -151,6 +151,22 @@ describe('a job module is checked before anything is written', () => {
     expect(await keyCount()).toBe(before);
   });
 
+  it('a default export that is the job is read, also beside a named plan the module shares', async () => {
+    const dir = project({
+      'job.mjs': [
+        "export const plan = { name: 'shared', steps: [{ id: 'a', kind: 'operator', operator: 'a' }] };",
+        "export default { plan, operators: { a: () => ({ from: 'the default export' }) } };",
+      ].join('\n'),
+    });
+    const r = await flujo(['run', 'job.mjs', '--json'], dir);
+    expect(r.code, r.err).toBe(0);
+    const result = r.lines
+      .filter((l) => l.startsWith('{'))
+      .map((l) => JSON.parse(l) as { type: string; status?: string })
+      .find((e) => e.type === 'result');
+    expect(result?.status).toBe('succeeded');
+  });
+
   it('ES module code in a CommonJS package says so and how to fix it', async () => {
     const before = await keyCount();
     expect(before).toBe(0);
