@@ -1,7 +1,8 @@
 /**
  * Test helpers for agents built on flujo, published as `flujo/testing`: an OpenAI-compatible
- * scripted model server for the real `openai` client, and a redis-server run from
- * `redis-memory-server` for tests, examples and local development.
+ * scripted model server for the real `openai` client, a redis-server run from
+ * `redis-memory-server` for tests, examples and local development, and readable transition traces
+ * of a plan for snapshot tests.
  *
  * @packageDocumentation
  */
@@ -35,3 +36,7 @@ export type {
   EmbeddedRedis,
   EmbeddedRedisOptions,
 } from '../persistence/embedded-redis.js';
+
+// Snapshot tests of how a plan moves: the pure kernel, one stable line per transition.
+export { runEvents, traceTransitions, transitionLine, TRACE_T0 } from './transitions.js';
+export type { TraceTransitionsOptions, TransitionTrace } from './transitions.js';

@@ -36,6 +36,21 @@ describe('examples run as documented', () => {
     expect(out).toContain("1 waiting [ { type: 'step.requestApproval', stepId: 'review' } ]");
   });
 
+  it('the README snapshot-test example is examples/plan-transitions.test.ts (which the suite runs)', () => {
+    const readme = readFileSync(new URL('README.md', root), 'utf8');
+    const block = /### Snapshot-test how your plans move\n[\s\S]*?```ts\n([\s\S]*?)```/.exec(
+      readme,
+    )?.[1];
+    const file = readFileSync(new URL('examples/plan-transitions.test.ts', root), 'utf8');
+    expect(block).toBeDefined();
+    const published = file
+      .replace("'../src/index.js'", "'flujo'")
+      .replace("'../src/testing/index.js'", "'flujo/testing'");
+    expect(squash(block!)).toBe(squash(published));
+    // The example pins a real trace: its inline snapshot is filled in, not empty.
+    expect(file).toContain('retry.due refund#2 ⇒ running | refund:FAILED_RETRYABLE→READY');
+  });
+
   it('the kernel tour drives a run to success through a retry and a gate', async () => {
     const out = await runExample('examples/kernel-tour/main.ts');
     expect(out).toContain('summarize READY→FAILED_RETRYABLE');

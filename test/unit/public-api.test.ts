@@ -193,11 +193,15 @@ describe('the public API', () => {
     expect(internal.filter((name) => exported.has(name))).toEqual([]);
   });
 
-  it('flujo/testing holds the scripted model server and the embedded Redis, nothing else', () => {
+  it('flujo/testing holds the scripted model server, the embedded Redis and transition traces, nothing else', () => {
     expect(Object.keys(testing).sort()).toEqual([
+      'TRACE_T0',
       'ensureEmbeddedRedis',
+      'runEvents',
       'startEmbeddedRedis',
       'startScriptedModelServer',
+      'traceTransitions',
+      'transitionLine',
     ]);
   });
 });
