@@ -312,7 +312,7 @@ describe('a run page', () => {
     await page.fill('[data-approval="review"] input[name=by]', 'ana');
     await page.fill('[data-approval="review"] input[name=comment]', 'numbers check out');
     await page.click('[data-approval="review"] button.approve');
-    await page.waitForURL(`**/runs/${run.runId}`);
+    await page.waitForURL(`**/runs/${run.runId}?done=approve`);
     const end = await run.settled({ timeoutMs: 10_000 });
     expect(end.status).toBe('succeeded');
     expect(end.steps.find((s) => s.stepId === 'review')?.approval).toMatchObject({
@@ -353,7 +353,7 @@ describe('a run page', () => {
     const { page, errors } = await openPage(`/runs/${runId}`);
     await page.fill('[data-approval="review"] input[name=by]', 'ana');
     await page.click('[data-approval="review"] button.reject');
-    await page.waitForURL(`**/runs/${runId}`);
+    await page.waitForURL(`**/runs/${runId}?done=reject`);
     const report = await runtime.status(runId);
     expect(report.status).toBe('failed');
     expect(report.steps.find((s) => s.stepId === 'review')?.rejection?.by).toBe('ana');
