@@ -313,6 +313,8 @@ describe('a run page', () => {
     await page.fill('[data-approval="review"] input[name=comment]', 'numbers check out');
     await page.click('[data-approval="review"] button.approve');
     await page.waitForURL(`**/runs/${run.runId}?done=approve`);
+    expect(await page.locator('#notice').innerText()).toBe('Approved: the step goes on.');
+    await page.screenshot({ path: join(OUT, 'approve.png'), fullPage: true });
     const end = await run.settled({ timeoutMs: 10_000 });
     expect(end.status).toBe('succeeded');
     expect(end.steps.find((s) => s.stepId === 'review')?.approval).toMatchObject({
@@ -359,6 +361,8 @@ describe('a run page', () => {
     expect(report.steps.find((s) => s.stepId === 'review')?.rejection?.by).toBe('ana');
     expect(model.requests).toHaveLength(0);
     await expect.poll(() => page.locator('#run-status').innerText()).toContain('failed');
+    expect(await page.locator('#notice').innerText()).toBe('Rejected.');
+    await page.screenshot({ path: join(OUT, 'reject.png'), fullPage: true });
     await page.close();
     expect(errors).toEqual([]);
   });
