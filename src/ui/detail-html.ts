@@ -78,7 +78,11 @@ export function ioHtml(report: RunReport, input: JsonValue): string {
 
 /** A failed attempt's error, whole: its message (every line), what was thrown, causes, details. */
 export function errorHtml(error: SerializedError, key: string): string {
-  const head = `<div class="error-head">${h(error.name)} <span class="mono">${h(error.code)}</span>${error.retryable ? ' (retryable)' : ''}</div>`;
+  const thrownName =
+    error.thrown !== undefined && error.thrown.name !== error.name
+      ? ` <span class="small">(thrown: ${h(error.thrown.name)})</span>`
+      : '';
+  const head = `<div class="error-head">${h(error.name)} <span class="mono">${h(error.code)}</span>${error.retryable ? ' (retryable)' : ''}${thrownName}</div>`;
   const parts = [head, block(error.message, 'message', `${key}:message`, 'error-text')];
   const thrown = error.thrown;
   if (thrown !== undefined) {
@@ -161,6 +165,17 @@ function modelCallHtml(c: ModelCallView): string {
   }
   return `<div class="call" data-model-call="${h(key)}"><div><b>${h(c.stepId)}</b> ${where} <span class="kv">${facts.map((f) => `<span>${f}</span>`).join('')}</span></div>
 ${prompt}<div class="reply"><div class="small">reply</div>${messageHtml(c.reply.message, `${key}:reply`)}</div></div>`;
+}
+
+/**
+ * The conversation turn `turn` (0-based) of a granular agent step answered, from the step's
+ * history: the messages before the step's (turn+1)-th assistant message; the whole history while
+ * that turn is not committed.
+ */
+export function promptOf(history: readonly ChatMessage[], turn: number): ChatMessage[] {
+  let seen = -1;
+  const end = history.findIndex((m) => m.role === 'assistant' && ++seen === turn);
+  return end === -1 ? [...history] : history.slice(0, end);
 }
 
 /** Every journaled model call: prompt and reply. */

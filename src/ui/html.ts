@@ -564,6 +564,13 @@ const PAGE_SCRIPT = `
     try {${TIMELINE_SCRIPT}} finally { delete document.addEventListener; drawn = true; }
   }
   drawTimeline();
+  // A refused step action (this page answers its form): its form stays open.
+  var acted = new RegExp('/steps/([^/]+)/(skip|retry)$').exec(location.pathname);
+  if (acted !== null) {
+    document.querySelectorAll('details[data-fold]').forEach(function (d) {
+      if (d.getAttribute('data-fold') === 'act:' + decodeURIComponent(acted[1])) d.open = true;
+    });
+  }
   var live = document.getElementById('live');
   var loading = false, again = false, timer = null;
   function replace(el, part) {

@@ -26,7 +26,7 @@ import {
   type RunAction,
   type StepAction,
 } from './actions.js';
-import type { ModelCallView } from './detail-html.js';
+import { promptOf, type ModelCallView } from './detail-html.js';
 import {
   listTableHtml,
   partHash,
@@ -212,9 +212,6 @@ export async function startUi(runtime: Runtime, options: UiOptions = {}): Promis
         );
         continue;
       }
-      const history = histories.get(j.stepId) ?? [];
-      let seen = -1;
-      const end = history.findIndex((m) => m.role === 'assistant' && ++seen === j.turn);
       const reply = j.replies[0];
       if (reply === undefined) continue;
       calls.push({
@@ -223,7 +220,7 @@ export async function startUi(runtime: Runtime, options: UiOptions = {}): Promis
         attempt: null,
         index: 0,
         reply,
-        prompt: end === -1 ? history : history.slice(0, end),
+        prompt: promptOf(histories.get(j.stepId) ?? [], j.turn),
       });
     }
     return calls;

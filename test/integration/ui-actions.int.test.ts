@@ -269,7 +269,8 @@ describe('acting on a run from its page', () => {
     );
     expect((await runtime.status(runId)).status).toBe('failed');
     const again = page.locator('[data-step-row="load"]');
-    await again.locator('details.act summary').click();
+    // The refused form stays open.
+    expect(await again.locator('details.act').getAttribute('open')).toBe('');
     await again.locator('input[name=by]').fill('ana');
     await again.locator('input[name=reason]').fill('loaded by hand');
     await again.locator('button.skip').click();
@@ -397,6 +398,8 @@ describe('a refused action', () => {
     const refusal = await page.locator('#notice').innerText();
     expect(refusal).toContain('bo may not decide on step "review"');
     expect(refusal).toContain('only ana may approve or reject it');
+    // The form stays open, to try again.
+    expect(await row.locator('details.act').getAttribute('open')).toBe('');
     const after = await runtime.status(run.runId);
     expect(after.status).toBe('waiting');
     expect(after.version).toBe(before.version);
@@ -525,7 +528,9 @@ describe('what a run page shows', () => {
     // A failed run: its attempt's error, all lines.
     await page.goto(new URL(`/runs/${failed}`, ui.url).href);
     const error = page.locator('[data-error="load#1"]');
-    expect(await error.locator('.error-head').innerText()).toBe('UnknownError unknown (retryable)');
+    expect(await error.locator('.error-head').innerText()).toBe(
+      'UnknownError unknown (retryable) (thrown: Error)',
+    );
     expect(await error.locator('pre').first().innerText()).toBe(FAILURE);
     await expect(error.locator('details summary').first().innerText()).resolves.toContain('stack');
     expect(await page.locator('#result').innerText()).toContain('failed at step load');
