@@ -303,7 +303,7 @@ export interface Part {
   html: string;
 }
 
-function headHtml({ report, module, again }: RunView): string {
+function headHtml({ report, module, again, events }: RunView): string {
   const s = report.summary;
   const facts = [
     `<span>plan <b>${h(report.planName)}</b></span>`,
@@ -316,6 +316,13 @@ function headHtml({ report, module, again }: RunView): string {
   const lines: string[] = [];
   if (s.blockedStep !== null) lines.push(`blocked at step <b>${h(s.blockedStep)}</b>`);
   if (s.reason !== null) lines.push(`reason <b>${h(s.reason)}</b>`);
+  const cancel = events.findLast((e) => e.type === 'run.cancelled')?.data as
+    { by?: unknown; reason?: unknown } | undefined;
+  if (report.status === 'cancelled' && cancel !== undefined) {
+    const by = typeof cancel.by === 'string' ? ` by <b>${h(cancel.by)}</b>` : '';
+    const why = typeof cancel.reason === 'string' ? `: ${h(cancel.reason)}` : '';
+    lines.push(`<span id="cancelled-by">cancelled${by}${why}</span>`);
+  }
   if (again !== null) {
     lines.push(
       `<span id="again-of">sent again from run <a class="mono" href="${h(runHref(again.runId))}">${h(again.runId)}</a> by <b>${h(again.by)}</b></span>`,

@@ -313,6 +313,9 @@ describe('acting on a run from its page', () => {
       expect.objectContaining({ by: 'ana', reason: 'wrong input' }),
     ]);
     await expect.poll(() => page.locator('#run-status').innerText()).toContain('cancelled');
+    await expect
+      .poll(() => page.locator('#cancelled-by').innerText())
+      .toBe('cancelled by ana: wrong input');
     // Over: no cancel, resume or skip any more; sending it again still can be done.
     await expect.poll(() => page.locator('button.cancel').count()).toBe(0);
     expect(await page.locator('button.resume').count()).toBe(0);
@@ -326,6 +329,7 @@ describe('acting on a run from its page', () => {
   it('sends the run again: a new run of the same plan, input and tenant', async () => {
     const first = await runtime.start(reportPlan, { topic: 'q3 <numbers>' }, { tenantId: 'acme' });
     expect((await first.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
+    const firstVersion = (await runtime.status(first.runId)).version;
     const { page, errors } = await openPage(`/runs/${first.runId}`);
     await page.fill('.actions input[name=by]', 'ana');
     await page.click('button.again');
@@ -342,9 +346,7 @@ describe('acting on a run from its page', () => {
     const listed = await runtime.list();
     expect(listed.map((r) => r.runId).sort()).toEqual([first.runId, second].sort());
     // The original is as it was.
-    expect((await runtime.status(first.runId)).version).toBe(
-      (await runtime.status(first.runId)).version,
-    );
+    expect((await runtime.status(first.runId)).version).toBe(firstVersion);
     expect(await page.locator('h1 .mono').innerText()).toBe(second);
     expect(await page.locator('#again-of').innerText()).toBe(
       `sent again from run ${first.runId} by ana`,
