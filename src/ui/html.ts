@@ -5,20 +5,25 @@
 import { createHash } from 'node:crypto';
 import { RunStatus } from '../machines/types.js';
 import type { RunTrace, TraceAttempt, TraceStep } from '../observability/run-trace.js';
-import { TIMELINE_CSS, TIMELINE_SCRIPT } from '../observability/trace-html.js';
+import { TIMELINE_CSS } from '../observability/trace-html.js';
 import type { LedgerEntry } from '../persistence/ledger.js';
 import type { PendingApproval, RunReport, RunUsage, StepProgress } from '../runtime.js';
+import type { JsonValue } from '../internal/json.js';
+import type { StoredRunEvent } from '../persistence/snapshot-store.js';
+import type { SerializedError } from '../errors.js';
 import type { RunListEntry } from '../worker/run-list.js';
+import {
+  attemptErrors,
+  errorHtml,
+  eventsHtml,
+  ioHtml,
+  modelCallsHtml,
+  type ModelCallView,
+} from './detail-html.js';
+import { escapeHtml } from './escape.js';
+import { LIST_SCRIPT, PAGE_SCRIPT } from './page-scripts.js';
 
-/** Text safe inside an element or a quoted attribute. */
-export function escapeHtml(text: string): string {
-  return text
-    .replace(/&/g, '&amp;')
-    .replace(/</g, '&lt;')
-    .replace(/>/g, '&gt;')
-    .replace(/"/g, '&quot;')
-    .replace(/'/g, '&#39;');
-}
+export { escapeHtml };
 
 const h = escapeHtml;
 
@@ -119,6 +124,26 @@ button.reject { background: var(--fail); border-color: var(--fail); color: #fff;
   background: #e5e7eb; color: var(--muted); }
 .live.on { background: #dbeafe; color: #1e40af; }
 .timeline { margin-top: 4px; }
+h3 { font-size: 12px; margin: 0 0 4px; color: var(--muted); }
+pre.text { margin: 2px 0 6px; padding: 6px 8px; background: #f6f7f9; border: 1px solid var(--grid);
+  border-radius: 4px; white-space: pre-wrap; overflow-wrap: anywhere; max-height: 480px;
+  overflow: auto; font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace;
+  font-size: 12px; }
+pre.error-text { background: #fdf3f2; border-color: #f1c8c4; }
+.io { display: grid; grid-template-columns: 1fr 1fr; gap: 16px; margin: 8px 0; }
+.error { margin: 4px 0 8px; }
+.error-head { font-size: 12px; color: #8a1f17; font-weight: 600; }
+details > summary { cursor: pointer; font-size: 12px; color: #2456b3; }
+.actions { border: 1px solid #c9d3e3; background: #f5f8fd; border-radius: 6px; padding: 10px 12px; }
+.actions form, form.step-act { display: flex; gap: 8px; align-items: end; flex-wrap: wrap; }
+form.step-act { margin: 6px 0 2px; }
+button.act { background: #2456b3; border-color: #2456b3; color: #fff; }
+button.cancel { background: var(--cancel); border-color: var(--cancel); color: #fff; }
+.call { border-top: 1px solid var(--grid); padding: 8px 0; }
+.msg { display: grid; grid-template-columns: 72px 1fr; gap: 6px; }
+.msg .role { font-size: 11px; color: var(--muted); padding-top: 4px; }
+.reply { margin-top: 4px; }
+table.events td:nth-child(3), table.events td:nth-child(2) { white-space: nowrap; }
 `;
 
 /** A whole page around `body`. */
@@ -173,6 +198,27 @@ export function renderListPage(
 <label>tenant <input name="tenant" value="${h(filter.tenant)}" placeholder="any"></label>
 <button type="submit">Filter</button> <a href="/">clear</a>
 </form>`;
+  const notice = error === undefined ? '' : `<p class="notice error" role="alert">${h(error)}</p>`;
+  const table = listTableHtml(runs);
+  const query = new URLSearchParams();
+  if (filter.status !== '') query.set('status', filter.status);
+  if (filter.plan !== '') query.set('plan', filter.plan);
+  if (filter.tenant !== '') query.set('tenant', filter.tenant);
+  const config = { list: `/list.json${query.size === 0 ? '' : `?${query.toString()}`}` };
+  const live =
+    error === undefined
+      ? `<script type="application/json" id="page">${scriptJson(config)}</script>
+<script>${LIST_SCRIPT}</script>`
+      : '';
+  return page(
+    'Runs',
+    `<h1>Runs <span id="live" class="live">connecting…</span></h1>\n${form}\n${notice}\n<div id="runs" data-hash="${partHash(table)}">${table}</div>`,
+    live,
+  );
+}
+
+/** The run list's table (or that no run matches): what the list page replaces as runs change. */
+export function listTableHtml(runs: readonly RunListEntry[]): string {
   const rows = runs.map((r) => {
     const step =
       r.waitingStep !== null
@@ -180,15 +226,16 @@ export function renderListPage(
         : h(r.currentStep ?? '');
     return `<tr data-run="${h(r.runId)}"><td class="mono"><a href="${h(runHref(r.runId))}">${h(r.runId)}</a></td><td>${h(r.planName)}</td><td>${h(r.tenantId)}</td><td class="status">${badge(r.status)}</td><td>${time(r.createdAt)}</td><td>${duration(r.durationMs)}</td><td>${step}</td></tr>`;
   });
-  const table =
-    runs.length === 0
-      ? '<p class="empty">No runs match.</p>'
-      : `<p class="small" id="count">${runs.length} run${runs.length === 1 ? '' : 's'}, newest first</p>
+  return runs.length === 0
+    ? '<p class="empty">No runs match.</p>'
+    : `<p class="small" id="count">${runs.length} run${runs.length === 1 ? '' : 's'}, newest first</p>
 <table class="grid runs"><thead><tr><th>Run</th><th>Plan</th><th>Tenant</th><th>Status</th><th>Started</th><th>Duration</th><th>Step</th></tr></thead>
 <tbody>${rows.join('\n')}</tbody></table>`;
-  const notice = error === undefined ? '' : `<p class="notice error" role="alert">${h(error)}</p>`;
-  return page('Runs', `<h1>Runs</h1>\n${form}\n${notice}\n${table}`);
 }
+
+/** A short hash of a part's HTML: the page replaces a part only when its hash changed. */
+export const partHash = (html: string): string =>
+  createHash('sha1').update(html).digest('hex').slice(0, 16);
 
 /** What the run page shows. */
 export interface RunView {
@@ -198,10 +245,28 @@ export interface RunView {
   usage: RunUsage;
   /** The job module `flujo run` recorded for the run, or null (read only when work is idle). */
   module?: string | null;
+  /** The input the run was started with. */
+  input: JsonValue;
+  /** The run's events, oldest first. */
+  events: readonly StoredRunEvent[];
+  /** The model calls of its model journal, with their prompts. */
+  models: readonly ModelCallView[];
+  /** The run this one was sent again from (the web view's "Send again"), and by whom. */
+  again: { runId: string; by: string } | null;
 }
 
 /** The parts of the run page that change as the run goes on. */
-export const PART_NAMES = ['head', 'approvals', 'steps', 'ledger', 'usage'] as const;
+export const PART_NAMES = [
+  'head',
+  'io',
+  'actions',
+  'approvals',
+  'steps',
+  'models',
+  'ledger',
+  'usage',
+  'events',
+] as const;
 /** One of {@link PART_NAMES}. */
 export type PartName = (typeof PART_NAMES)[number];
 
@@ -211,7 +276,7 @@ export interface Part {
   html: string;
 }
 
-function headHtml({ report, module }: RunView): string {
+function headHtml({ report, module, again, events }: RunView): string {
   const s = report.summary;
   const facts = [
     `<span>plan <b>${h(report.planName)}</b></span>`,
@@ -224,6 +289,18 @@ function headHtml({ report, module }: RunView): string {
   const lines: string[] = [];
   if (s.blockedStep !== null) lines.push(`blocked at step <b>${h(s.blockedStep)}</b>`);
   if (s.reason !== null) lines.push(`reason <b>${h(s.reason)}</b>`);
+  const cancel = events.findLast((e) => e.type === 'run.cancelled')?.data as
+    { by?: unknown; reason?: unknown } | undefined;
+  if (report.status === 'cancelled' && cancel !== undefined) {
+    const by = typeof cancel.by === 'string' ? ` by <b>${h(cancel.by)}</b>` : '';
+    const why = typeof cancel.reason === 'string' ? `: ${h(cancel.reason)}` : '';
+    lines.push(`<span id="cancelled-by">cancelled${by}${why}</span>`);
+  }
+  if (again !== null) {
+    lines.push(
+      `<span id="again-of">sent again from run <a class="mono" href="${h(runHref(again.runId))}">${h(again.runId)}</a> by <b>${h(again.by)}</b></span>`,
+    );
+  }
   const more = lines.length === 0 ? '' : `<div class="kv">${lines.join(' · ')}</div>`;
   return `<div class="kv">${facts.join('')}</div>${more}${idleHtml(report, module ?? null)}`;
 }
@@ -278,21 +355,62 @@ function approvalsHtml({ report }: RunView): string {
   return report.approvals.map((a) => approvalHtml(report.runId, a)).join('\n');
 }
 
-function attemptHtml(a: TraceAttempt): string {
+function attemptHtml(
+  stepId: string,
+  a: TraceAttempt,
+  errors: ReadonlyMap<string, SerializedError>,
+): string {
   const took = a.end === null ? 'running' : duration(a.end - a.start);
+  const whole = errors.get(`${stepId}#${a.attempt}`);
   const error =
-    a.error === null
-      ? ''
-      : `<div class="small">${h(a.error.code)}: ${h(preview(a.error.message, 200))}${a.error.retryable ? ' (retryable)' : ''}</div>`;
+    whole !== undefined
+      ? errorHtml(whole, `${stepId}#${a.attempt}`)
+      : a.error === null
+        ? ''
+        : `<pre class="text error-text">${h(`${a.error.code}: ${a.error.message}`)}</pre>`;
   return `<div data-attempt="${a.attempt}">#${a.attempt} ${h(a.outcome)} <span class="small">${took}</span>${error}</div>`;
 }
 
-function stepsHtml({ report, trace }: RunView): string {
+/**
+ * A form's first, disabled submit button: Enter in a field of a form with several actions does
+ * nothing (the browser's implicit submission takes the first button), so only a click acts.
+ */
+const NO_ENTER = '<button type="submit" disabled hidden aria-hidden="true"></button>';
+
+/** What a person may do to a step from the page: skip it, retry it when it failed finally. */
+function stepActionHtml(report: RunReport, s: RunReport['steps'][number]): string {
+  const canSkip =
+    s.status !== 'SUCCEEDED' && s.status !== 'SKIPPED' && report.status !== 'cancelled';
+  const canRetry = s.status === 'FAILED_FINAL' && report.status === 'failed';
+  if (!canSkip && !canRetry) return '';
+  const action = (what: string) => urlPath('runs', report.runId, 'steps', s.stepId, what);
+  const failed = report.steps.filter((x) => x.status === 'FAILED_FINAL').map((x) => x.stepId);
+  const retry = canRetry
+    ? `<button type="submit" class="act retry" formaction="${h(action('retry'))}" title="${h(`Resumes the run: every step that failed finally (${failed.join(', ')}) gets one more attempt`)}">Retry</button>`
+    : '';
+  const skip = canSkip
+    ? `<label>reason <input name="reason" placeholder="why skip"></label>
+<button type="submit" class="skip">Skip</button>`
+    : '';
+  const note = canRetry
+    ? `<div class="small">Retry resumes the run (as <code class="mono">flujo resume</code> does): every step that failed finally (${h(failed.join(', '))}) gets one more attempt.</div>`
+    : '';
+  return `<details class="act" data-fold="${h(`act:${s.stepId}`)}"><summary>${canRetry ? 'retry or skip' : 'skip'}…</summary>
+<form class="step-act" method="post" action="${h(action(canSkip ? 'skip' : 'retry'))}">${NO_ENTER}
+<label>by <input name="by" required placeholder="your name"></label>
+${skip}${retry}
+</form>${note}</details>`;
+}
+
+function stepsHtml({ report, trace, events }: RunView): string {
   const traced = new Map<string, TraceStep>(trace.steps.map((s) => [s.stepId, s]));
+  const errors = attemptErrors(events);
   const rows = report.steps.map((s) => {
     const t = traced.get(s.stepId);
     const attempts =
-      t === undefined || t.attempts.length === 0 ? '-' : t.attempts.map(attemptHtml).join('');
+      t === undefined || t.attempts.length === 0
+        ? '-'
+        : t.attempts.map((a) => attemptHtml(s.stepId, a, errors)).join('');
     const detail: string[] = [];
     if (s.status === 'SUCCEEDED' && s.output !== null) {
       detail.push(`output <span class="mono">${h(preview(s.output))}</span>`);
@@ -310,7 +428,7 @@ function stepsHtml({ report, trace }: RunView): string {
     const progress = report.progress[s.stepId];
     const shown =
       progress !== undefined && s.status === 'RUNNING' ? progressHtml(s.stepId, progress) : '';
-    return `<tr data-step-row="${h(s.stepId)}"><td><b>${h(s.stepId)}</b></td><td>${h(t?.kind ?? '')}</td><td class="status">${badge(s.status)}</td><td>${attempts}</td><td class="detail">${detail.join('<br>')}${shown}</td></tr>`;
+    return `<tr data-step-row="${h(s.stepId)}"><td><b>${h(s.stepId)}</b></td><td>${h(t?.kind ?? '')}</td><td class="status">${badge(s.status)}</td><td class="attempts">${attempts}</td><td class="detail">${detail.join('<br>')}${shown}${stepActionHtml(report, s)}</td></tr>`;
   });
   return `<table class="grid steps"><thead><tr><th>Step</th><th>Kind</th><th>Status</th><th>Attempts</th><th>Detail</th></tr></thead>
 <tbody>${rows.join('\n')}</tbody></table>`;
@@ -347,12 +465,47 @@ function usageHtml({ usage }: RunView): string {
 <tbody>${rows.join('\n')}</tbody></table>`;
 }
 
+/** The run's own actions: resume, cancel, send its input again as a new run. */
+function actionsHtml({ report }: RunView): string {
+  const action = (what: string) => urlPath('runs', report.runId, what);
+  const resumable =
+    report.status === 'failed' || (report.status === 'running' && report.idle !== null);
+  const cancellable = report.status === 'running' || report.status === 'waiting';
+  const buttons: string[] = [];
+  const notes: string[] = [];
+  if (resumable) {
+    buttons.push(
+      `<button type="submit" class="act resume" formaction="${h(action('resume'))}">Resume</button>`,
+    );
+    notes.push(
+      report.status === 'failed'
+        ? 'Resume reopens every step that failed finally or was cancelled (as <code class="mono">flujo resume</code> does); a worker of the run’s job module runs them.'
+        : 'Resume queues the run’s due work again (as a starting worker does); a worker of the run’s job module must run it.',
+    );
+  }
+  if (cancellable) {
+    buttons.push(
+      `<label>reason <input name="reason" placeholder="why cancel (optional)"></label><button type="submit" class="cancel" formaction="${h(action('cancel'))}">Cancel run</button>`,
+    );
+  }
+  buttons.push(`<button type="submit" class="again">Send again</button>`);
+  notes.push('Send again starts a new run of the same plan with the same input (a new run id).');
+  return `<div class="actions"><form method="post" action="${h(action('again'))}">${NO_ENTER}
+<label>by <input name="by" required placeholder="your name"></label>
+${buttons.join('\n')}
+</form><div class="small">${notes.join(' ')}</div></div>`;
+}
+
 const RENDER: Record<PartName, (view: RunView) => string> = {
   head: headHtml,
+  io: (v) => ioHtml(v.report, v.input),
+  actions: actionsHtml,
   approvals: approvalsHtml,
   steps: stepsHtml,
+  models: (v) => modelCallsHtml(v.models),
   ledger: ledgerHtml,
   usage: usageHtml,
+  events: (v) => eventsHtml(v.report.runId, v.events),
 };
 
 /** The changing parts of a run's page, each with its hash. */
@@ -360,7 +513,7 @@ export function runParts(view: RunView): Record<PartName, Part> {
   const parts = {} as Record<PartName, Part>;
   for (const name of PART_NAMES) {
     const html = RENDER[name](view);
-    parts[name] = { hash: createHash('sha1').update(html).digest('hex').slice(0, 16), html };
+    parts[name] = { hash: partHash(html), html };
   }
   return parts;
 }
@@ -370,131 +523,6 @@ export interface Notice {
   kind: 'ok' | 'error';
   text: string;
 }
-
-// The run page's script: draws the timeline with the trace page's own drawing code, follows the
-// run's events (server-sent) and, after each burst of events, reloads the page's data and
-// replaces the parts whose hash changed (keeping what a person typed into a form). Operators'
-// progress reports come on the same connection and are drawn in place (the latest per step, also
-// over a reloaded steps part that read an older one); an idle notice reloads the data.
-const PAGE_SCRIPT = `
-(function () {
-  var cfg = JSON.parse(document.getElementById('page').textContent);
-  var axis = document.getElementById('axis');
-  var lanes = document.getElementById('lanes');
-  var traceEl = document.getElementById('trace');
-  var drawn = false;
-  function drawTimeline() {
-    axis.textContent = '';
-    lanes.textContent = '';
-    // The drawing code adds its tooltip listeners each time it runs: the first ones serve.
-    if (drawn) document.addEventListener = function () {};
-    try {${TIMELINE_SCRIPT}} finally { delete document.addEventListener; drawn = true; }
-  }
-  drawTimeline();
-  var live = document.getElementById('live');
-  var loading = false, again = false, timer = null;
-  function replace(el, part) {
-    var kept = {};
-    el.querySelectorAll('input').forEach(function (i) {
-      if (i.type !== 'hidden') kept[(i.form ? i.form.getAttribute('action') : '') + ' ' + i.name] = i.value;
-    });
-    el.innerHTML = part.html;
-    el.setAttribute('data-hash', part.hash);
-    el.querySelectorAll('input').forEach(function (i) {
-      var k = (i.form ? i.form.getAttribute('action') : '') + ' ' + i.name;
-      if (i.type !== 'hidden' && kept[k] !== undefined) i.value = kept[k];
-    });
-    if (el.id === 'part-steps') Object.keys(latest).forEach(function (id) { showProgress(latest[id]); });
-  }
-  // The latest progress heard per step: { stepId, attempt, info, at }.
-  var latest = Object.create(null);
-  function stepRow(stepId) {
-    var rows = document.querySelectorAll('[data-step-row]');
-    for (var i = 0; i < rows.length; i++) {
-      if (rows[i].getAttribute('data-step-row') === stepId) return rows[i];
-    }
-    return null;
-  }
-  function previewText(value) {
-    var text = typeof value === 'string' ? value : JSON.stringify(value);
-    return text.length > 160 ? text.slice(0, 159) + '…' : text;
-  }
-  function span(cls, text) {
-    var s = document.createElement('span');
-    s.className = cls;
-    s.textContent = text;
-    return s;
-  }
-  function showProgress(p) {
-    var row = stepRow(p.stepId);
-    if (row === null) return;
-    var status = row.querySelector('.status').textContent.trim();
-    // Shown while the step runs, as the server draws it; a step the page still shows READY has
-    // been taken by a worker: the data is reloaded to say so, and the reloaded row draws it.
-    if (status === 'READY') schedule();
-    if (status !== 'RUNNING') return;
-    var el = row.querySelector('.progress');
-    if (el !== null && Number(el.getAttribute('data-at')) > p.at) return;
-    if (el === null) {
-      el = document.createElement('div');
-      el.className = 'progress';
-      el.setAttribute('data-progress', p.stepId);
-      row.querySelector('td.detail').appendChild(el);
-    }
-    el.setAttribute('data-at', String(p.at));
-    el.textContent = 'progress ';
-    el.appendChild(span('mono', previewText(p.info)));
-    el.appendChild(document.createTextNode(' '));
-    var at = new Date(p.at).toISOString().slice(11, 23);
-    el.appendChild(span('small', 'attempt ' + p.attempt + ' · ' + at));
-  }
-  function refresh() {
-    if (loading) { again = true; return; }
-    loading = true;
-    fetch(cfg.data, { headers: { accept: 'application/json' }, cache: 'no-store' })
-      .then(function (r) { if (!r.ok) throw new Error('HTTP ' + r.status); return r.json(); })
-      .then(function (d) {
-        Object.keys(d.parts).forEach(function (name) {
-          var el = document.getElementById('part-' + name);
-          if (el && el.getAttribute('data-hash') !== d.parts[name].hash) replace(el, d.parts[name]);
-        });
-        var text = JSON.stringify(d.trace);
-        if (text !== traceEl.textContent) { traceEl.textContent = text; drawTimeline(); }
-        document.title = d.title;
-      })
-      .catch(function (e) { live.textContent = 'could not reload: ' + e.message; })
-      .then(function () {
-        loading = false;
-        if (again) { again = false; refresh(); }
-      });
-  }
-  function schedule() {
-    if (timer !== null) return;
-    timer = setTimeout(function () { timer = null; refresh(); }, 80);
-  }
-  var source = new EventSource(cfg.events);
-  source.onopen = function () { live.textContent = 'live'; live.className = 'live on'; };
-  source.onerror = function () { live.textContent = 'reconnecting…'; live.className = 'live'; };
-  source.addEventListener('run', function (ev) {
-    live.textContent = 'live · ' + JSON.parse(ev.data).type;
-    live.className = 'live on';
-    schedule();
-  });
-  source.addEventListener('progress', function (ev) {
-    var p = JSON.parse(ev.data);
-    var seen = latest[p.stepId];
-    if (seen !== undefined && seen.at > p.at) return;
-    latest[p.stepId] = p;
-    showProgress(p);
-  });
-  source.addEventListener('idle', function () { schedule(); });
-  source.addEventListener('gone', function (ev) {
-    source.close();
-    live.textContent = JSON.parse(ev.data).message;
-    live.className = 'live';
-  });
-})();
-`;
 
 /** The title of a run's page (it follows the run's status). */
 export const runTitle = (report: RunReport): string => `Run ${report.runId} (${report.status})`;
@@ -514,6 +542,9 @@ export function renderRunPage(view: RunView, notice?: Notice): string {
 <h1>Run <span class="mono">${h(report.runId)}</span> <span id="live" class="live">connecting…</span></h1>
 ${shown}
 ${part('head')}
+${part('io')}
+<h2>Act on the run</h2>
+${part('actions')}
 <h2>Waiting for approval</h2>
 ${part('approvals')}
 <h2>Steps</h2>
@@ -525,6 +556,10 @@ ${part('steps')}
 ${part('ledger')}
 <h2>Usage and cost</h2>
 ${part('usage')}
+<h2>Model calls</h2>
+${part('models')}
+<h2>Event history</h2>
+${part('events')}
 <div id="tip"></div>`;
   const tail = `<script type="application/json" id="trace">${scriptJson(view.trace)}</script>
 <script type="application/json" id="page">${scriptJson({ data: `${base}/data`, events: `${base}/events` })}</script>

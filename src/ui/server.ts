@@ -1,7 +1,8 @@
 /**
  * The web view (`flujo ui`): a local HTTP server (node:http, no framework) over a runtime. The run
- * list with filters, a page per run that follows the run live (server-sent events), and
- * approve/reject forms that go through `runtime.approve` / `runtime.reject`.
+ * list with filters, kept up to date by polling `/list.json`; a page per run that follows the run
+ * live (server-sent events); and forms that act on a run through the runtime's own functions
+ * (see `actions.ts`), posted only from this view's own pages.
  */
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -10,15 +11,25 @@ import { renderTraceHtml } from '../observability/trace-html.js';
 import { isRunId } from '../persistence/keys.js';
 import { readRunModule } from '../persistence/run-lookups.js';
 import type { RunStatus } from '../machines/types.js';
-import {
-  IDLE_WORK_MS,
-  runtimeCore,
-  type DecisionInput,
-  type RunReport,
-  type Runtime,
-} from '../runtime.js';
+import type { ChatMessage } from '../schemas/messages.js';
+import { IDLE_WORK_MS, runtimeCore, type RunReport, type Runtime } from '../runtime.js';
 import type { RunListFilter } from '../worker/run-list.js';
 import {
+  againOf,
+  DONE,
+  refusalOf,
+  RUN_ACTIONS,
+  runAction,
+  STEP_ACTIONS,
+  stepAction,
+  type ActionResult,
+  type RunAction,
+  type StepAction,
+} from './actions.js';
+import { promptOf, type ModelCallView } from './detail-html.js';
+import {
+  listTableHtml,
+  partHash,
   renderListPage,
   renderMessagePage,
   renderRunPage,
@@ -150,14 +161,69 @@ export async function startUi(runtime: Runtime, options: UiOptions = {}): Promis
     // The status first: an unknown run is refused as such before anything else is read.
     const report = await runtime.status(runId);
     const core = runtimeCore(runtime);
-    const [trace, ledger, usage, module] = await Promise.all([
+    const [trace, ledger, usage, module, meta, events, models, again] = await Promise.all([
       runtime.trace(runId),
       runtime.ledger(runId),
       runtime.usage(runId),
       // Named in the notice of due work that waits for a worker, only then read.
       report.idle === null ? null : readRunModule(core.redis, core.keys, runId),
+      core.meta(runId),
+      core.store.readEvents(runId),
+      modelCalls(runId),
+      againOf(runtime, runId),
     ]);
-    return { report, trace, ledger, usage, module };
+    return {
+      report,
+      trace,
+      ledger,
+      usage,
+      module,
+      input: meta.input,
+      events,
+      models,
+      again,
+    };
+  }
+
+  /**
+   * The run's model calls as its model journal holds them, each with the conversation it
+   * answered as the step's history holds it: for turn t of a granular step, the messages before
+   * the step's (t+1)-th assistant message (all of them while the turn is not committed).
+   */
+  async function modelCalls(runId: string): Promise<ModelCallView[]> {
+    const core = runtimeCore(runtime);
+    const journaled = await core.journal.list(runId);
+    const steps = [...new Set(journaled.filter((j) => j.turn !== null).map((j) => j.stepId))];
+    const histories = new Map<string, ChatMessage[]>(
+      await Promise.all(steps.map(async (id) => [id, await core.history.read(runId, id)] as const)),
+    );
+    const calls: ModelCallView[] = [];
+    for (const j of journaled) {
+      if (j.turn === null) {
+        j.replies.forEach((reply, index) =>
+          calls.push({
+            stepId: j.stepId,
+            turn: null,
+            attempt: j.attempt,
+            index,
+            reply,
+            prompt: null,
+          }),
+        );
+        continue;
+      }
+      const reply = j.replies[0];
+      if (reply === undefined) continue;
+      calls.push({
+        stepId: j.stepId,
+        turn: j.turn,
+        attempt: null,
+        index: 0,
+        reply,
+        prompt: promptOf(histories.get(j.stepId) ?? [], j.turn),
+      });
+    }
+    return calls;
   }
 
   function runIdOf(raw: string): string {
@@ -183,6 +249,23 @@ export async function startUi(runtime: Runtime, options: UiOptions = {}): Promis
       if (!isFlujoError(error) || error.code !== 'input_invalid') throw error;
       send(res, 400, renderListPage([], form, error.message));
     }
+  }
+
+  async function listData(url: URL, res: ServerResponse): Promise<void> {
+    const filter: RunListFilter = { limit: listLimit };
+    const status = url.searchParams.get('status')?.trim() ?? '';
+    const plan = url.searchParams.get('plan')?.trim() ?? '';
+    const tenant = url.searchParams.get('tenant')?.trim() ?? '';
+    if (status !== '') filter.status = status as RunStatus;
+    if (plan !== '') filter.plan = plan;
+    if (tenant !== '') filter.tenantId = tenant;
+    const html = listTableHtml(await runtime.list(filter));
+    send(
+      res,
+      200,
+      JSON.stringify({ hash: partHash(html), html }),
+      'application/json; charset=utf-8',
+    );
   }
 
   async function runPage(runId: string, res: ServerResponse, notice?: Notice, status = 200) {
@@ -302,14 +385,17 @@ export async function startUi(runtime: Runtime, options: UiOptions = {}): Promis
     }
   }
 
-  async function decide(
+  /**
+   * A form of a run page: refused unless it comes from this view's own pages; then the action,
+   * and a redirect to the page it leads to. A refusal shows on the run's page, whole.
+   */
+  async function act(
     runId: string,
-    stepId: string,
-    decision: 'approve' | 'reject',
     req: IncomingMessage,
     res: ServerResponse,
+    perform: (form: URLSearchParams) => Promise<ActionResult>,
   ): Promise<void> {
-    // A page of another site may post a form here: only this view's own pages may decide.
+    // A page of another site may post a form here: only this view's own pages may act.
     const origin = req.headers.origin;
     const site = req.headers['sec-fetch-site'];
     if (
@@ -319,43 +405,19 @@ export async function startUi(runtime: Runtime, options: UiOptions = {}): Promis
       throw new HttpError(
         403,
         'Refused',
-        `A decision sent from another site (${origin ?? String(site)}) is refused: approve or reject from this view's own run page.`,
+        `A form sent from another site (${origin ?? String(site)}) is refused: act from this view's own run page.`,
       );
     }
     const form = await readForm(req);
-    const by = form.get('by')?.trim() ?? '';
-    const comment = form.get('comment')?.trim() ?? '';
-    const callId = form.get('callId') ?? '';
-    if (by === '') {
-      return runPage(
-        runId,
-        res,
-        { kind: 'error', text: 'Say who decides: fill in "by" (your name), then decide again.' },
-        400,
-      );
-    }
-    const input: DecisionInput = {
-      by,
-      ...(comment === '' ? {} : { comment }),
-      ...(callId === '' ? {} : { callId }),
-    };
+    let result: ActionResult;
     try {
-      if (decision === 'approve') await runtime.approve(runId, stepId, input);
-      else await runtime.reject(runId, stepId, input);
+      result = await perform(form);
     } catch (error) {
-      const status = !isFlujoError(error)
-        ? undefined
-        : (
-            {
-              approval_not_allowed: 403,
-              step_not_waiting: 409,
-              input_invalid: 400,
-            } as Record<string, number>
-          )[error.code];
-      if (status === undefined) throw error;
-      return runPage(runId, res, { kind: 'error', text: (error as Error).message }, status);
+      const refusal = refusalOf(error);
+      if (refusal === null) throw error;
+      return runPage(runId, res, { kind: 'error', text: refusal.message }, refusal.status);
     }
-    res.writeHead(303, { location: urlPath('runs', runId) });
+    res.writeHead(303, { location: `${urlPath('runs', result.runId)}?done=${result.done}` });
     res.end();
   }
 
@@ -369,22 +431,33 @@ export async function startUi(runtime: Runtime, options: UiOptions = {}): Promis
     const method = req.method ?? 'GET';
     const get = method === 'GET' || method === 'HEAD';
     if (url.pathname === '/' && get) return listPage(url, res);
+    if (url.pathname === '/list.json' && get) return listData(url, res);
     if (parts[0] !== 'runs' || parts[1] === undefined || parts[1] === '') throw notFound();
     const runId = runIdOf(parts[1]);
     const rest = parts.slice(2);
-    if (get && rest.length === 0) return runPage(runId, res);
+    if (get && rest.length === 0) {
+      const done = url.searchParams.get('done') ?? '';
+      const text = Object.hasOwn(DONE, done) ? DONE[done as keyof typeof DONE] : undefined;
+      return runPage(runId, res, text === undefined ? undefined : { kind: 'ok', text });
+    }
     if (get && rest.length === 1 && rest[0] === 'data') return runData(runId, res);
     if (get && rest.length === 1 && rest[0] === 'events') return runEvents(runId, req, res);
     if (get && rest.length === 1 && rest[0] === 'trace') {
       return send(res, 200, renderTraceHtml(await runtime.trace(runId)));
     }
+    if (method === 'POST' && rest.length === 1 && RUN_ACTIONS.includes(rest[0] as RunAction)) {
+      return act(runId, req, res, (form) => runAction(runtime, runId, rest[0] as RunAction, form));
+    }
     if (
       method === 'POST' &&
       rest.length === 3 &&
       rest[0] === 'steps' &&
-      (rest[2] === 'approve' || rest[2] === 'reject')
+      STEP_ACTIONS.includes(rest[2] as StepAction)
     ) {
-      return decide(runId, rest[1]!, rest[2], req, res);
+      const stepId = rest[1]!;
+      return act(runId, req, res, (form) =>
+        stepAction(runtime, runId, stepId, rest[2] as StepAction, form),
+      );
     }
     throw notFound();
   }

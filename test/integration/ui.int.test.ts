@@ -312,7 +312,9 @@ describe('a run page', () => {
     await page.fill('[data-approval="review"] input[name=by]', 'ana');
     await page.fill('[data-approval="review"] input[name=comment]', 'numbers check out');
     await page.click('[data-approval="review"] button.approve');
-    await page.waitForURL(`**/runs/${run.runId}`);
+    await page.waitForURL(`**/runs/${run.runId}?done=approve`);
+    expect(await page.locator('#notice').innerText()).toBe('Approved: the step goes on.');
+    await page.screenshot({ path: join(OUT, 'approve.png'), fullPage: true });
     const end = await run.settled({ timeoutMs: 10_000 });
     expect(end.status).toBe('succeeded');
     expect(end.steps.find((s) => s.stepId === 'review')?.approval).toMatchObject({
@@ -353,12 +355,14 @@ describe('a run page', () => {
     const { page, errors } = await openPage(`/runs/${runId}`);
     await page.fill('[data-approval="review"] input[name=by]', 'ana');
     await page.click('[data-approval="review"] button.reject');
-    await page.waitForURL(`**/runs/${runId}`);
+    await page.waitForURL(`**/runs/${runId}?done=reject`);
     const report = await runtime.status(runId);
     expect(report.status).toBe('failed');
     expect(report.steps.find((s) => s.stepId === 'review')?.rejection?.by).toBe('ana');
     expect(model.requests).toHaveLength(0);
     await expect.poll(() => page.locator('#run-status').innerText()).toContain('failed');
+    expect(await page.locator('#notice').innerText()).toBe('Rejected.');
+    await page.screenshot({ path: join(OUT, 'reject.png'), fullPage: true });
     await page.close();
     expect(errors).toEqual([]);
   });
