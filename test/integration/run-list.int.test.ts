@@ -190,6 +190,30 @@ describe('runtime.list', () => {
     ]);
   });
 
+  it('a replay or regeneration is listed, with its plan and status, as soon as it is created', async () => {
+    worker = rt.createWorker({ concurrency: 1 });
+    await worker.ready();
+    const original = await rt.start(line('alpha', 'ok'), null, { tenantId: 'acme' });
+    expect((await original.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
+    await worker.close();
+    worker = undefined;
+    // No worker runs from here on: the replays are listed by their creation alone.
+    skew += 10;
+    const replayed = await rt.replay(original.runId, { mode: 'replay' });
+    skew += 10;
+    const regenerated = await rt.replay(original.runId, { mode: 'regenerate' });
+    const listed = await rt.list();
+    expect(listed.map((r) => [r.runId, r.planName, r.tenantId, r.status, r.currentStep])).toEqual([
+      [regenerated.runId, 'alpha', 'acme', 'running', 's'],
+      [replayed.runId, 'alpha', 'acme', 'running', 's'],
+      [original.runId, 'alpha', 'acme', 'succeeded', null],
+    ]);
+    expect((await rt.list({ status: 'running' })).map((r) => r.runId)).toEqual([
+      regenerated.runId,
+      replayed.runId,
+    ]);
+  });
+
   it('a resumed run is listed as running again', async () => {
     const { ids } = await fourRuns();
     const bad = ids[1]!;
