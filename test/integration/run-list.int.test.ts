@@ -99,6 +99,9 @@ describe('runtime.list', () => {
       [ok, 'alpha', 'acme', 'succeeded'],
     ]);
     expect(all[1]!.waitingStep).toBe('gate');
+    // A failed run says where and why it stopped; the others have no such fields set.
+    expect(all[2]).toMatchObject({ blockedStep: 's', reason: 'unknown' });
+    expect(all.filter((r) => r.blockedStep !== null || r.reason !== null)).toHaveLength(1);
     expect(all[0]).toMatchObject({ currentStep: 's', endedAt: null, waitingStep: null });
     expect(all[3]!.endedAt).toBeGreaterThanOrEqual(all[3]!.createdAt);
     expect(all[3]!.durationMs).toBe(all[3]!.endedAt! - all[3]!.createdAt);
