@@ -25,6 +25,7 @@ import type { Runtime } from '../runtime.js';
 import { createCliLogger } from './log.js';
 import type { JobModule } from './job-module.js';
 import { CliError, ExitCode, badInput } from './exit-codes.js';
+import { maskRedisUrl } from './context.js';
 import { flujoInvocation } from './render.js';
 
 /** How to reach Redis, from the command line and the environment. */
@@ -99,13 +100,15 @@ export function checkRunId(runId: string | undefined, usage: string): string {
 
 function redisUrl(raw: string, source: string): { url: string; target: string } {
   let u: URL;
+  // A password is never printed.
+  const shown = maskRedisUrl(raw);
   try {
     u = new URL(raw);
   } catch {
-    badInput(`${source} "${raw}" is not a Redis URL; pass one like redis://127.0.0.1:6379`);
+    badInput(`${source} "${shown}" is not a Redis URL; pass one like redis://127.0.0.1:6379`);
   }
   if (u.protocol !== 'redis:' && u.protocol !== 'rediss:') {
-    badInput(`${source} "${raw}" is not a Redis URL; pass one like redis://127.0.0.1:6379`);
+    badInput(`${source} "${shown}" is not a Redis URL; pass one like redis://127.0.0.1:6379`);
   }
   const path = u.pathname === '/' ? '' : u.pathname;
   return { url: raw, target: `${u.protocol}//${u.host}${path}` };

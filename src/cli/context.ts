@@ -36,6 +36,8 @@ export interface Values {
   host?: string;
   url?: string;
   'status-every'?: string;
+  full?: boolean;
+  verbose?: boolean;
 }
 
 /** A command's arguments and surroundings. */
@@ -78,10 +80,42 @@ export function whoDecides(values: Values, env: NodeJS.ProcessEnv): string {
   return env['USER'] || env['USERNAME'] || 'cli';
 }
 
-/** The flags to repeat in a printed follow-up command (only what was given on the command line). */
+/** What a masked password is printed as. */
+export const MASKED_PASSWORD = '***';
+
+/**
+ * A Redis URL as printed: its password, if it has one, replaced by `***`
+ * (`redis://:***@127.0.0.1:6390`). Text that is not a URL is printed as `<not a URL>` only if it
+ * could carry a password (it has an `@`).
+ */
+export function maskRedisUrl(raw: string): string {
+  let u: URL;
+  try {
+    u = new URL(raw);
+  } catch {
+    return raw.includes('@') ? '<not a URL>' : raw;
+  }
+  if (u.password === '') return raw;
+  u.password = MASKED_PASSWORD;
+  return u.toString().replace(`:${encodeURIComponent(MASKED_PASSWORD)}@`, `:${MASKED_PASSWORD}@`);
+}
+
+/** Whether `flags` (from {@link repeatFlags}) carry a `--redis` URL whose password is masked. */
+export function hasMaskedPassword(flags: readonly string[]): boolean {
+  const i = flags.indexOf('--redis');
+  return i >= 0 && (flags[i + 1] ?? '').includes(`:${MASKED_PASSWORD}@`);
+}
+
+/** Said beside commands whose `--redis` password is masked. */
+export const MASKED_PASSWORD_HINT = `the password given with --redis is printed as ${MASKED_PASSWORD}: set REDIS_URL to the Redis URL (with its password) in the environment and leave --redis out, and these commands run as printed`;
+
+/**
+ * The flags to repeat in a printed follow-up command (only what was given on the command line),
+ * the password of `--redis` masked (see {@link maskRedisUrl}).
+ */
 export function repeatFlags(values: Values): string[] {
   const flags: string[] = [];
-  if (values.redis !== undefined) flags.push('--redis', values.redis);
+  if (values.redis !== undefined) flags.push('--redis', maskRedisUrl(values.redis));
   if (values.prefix !== undefined) flags.push('--prefix', values.prefix);
   if (values['redis-timeout'] !== undefined) flags.push('--redis-timeout', values['redis-timeout']);
   if (values['redis-outage-limit'] !== undefined) {

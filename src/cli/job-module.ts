@@ -21,7 +21,8 @@ import { dirname, extname, join, relative, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import type { Operator } from '../actors/execute-step.js';
 import { definePolicy, type PolicyExport, type RegisteredPolicy } from '../actors/policies.js';
-import { InputValidationError, PlanValidationError } from '../errors.js';
+import { ConfigurationError, InputValidationError, PlanValidationError } from '../errors.js';
+import { toolParametersSchema } from '../agents/tool-schema.js';
 import { findNonJson, type JsonValue } from '../internal/json.js';
 import { parsePlan } from '../plan/parse-plan.js';
 import type { Plan } from '../plan/schema.js';
@@ -140,7 +141,10 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
   const agentsBuilder =
     typeof mod['agents'] === 'function' ? (mod['agents'] as AgentsBuilder) : undefined;
   const agents = agentsBuilder === undefined ? checkAgents(name, mod['agents']) : [];
-  if (agentsBuilder === undefined) checkAgentSteps(name, plan, agents);
+  if (agentsBuilder === undefined) {
+    checkAgentSteps(name, plan, agents);
+    checkAgentTools(name, plan, agents);
+  }
   const policies = checkPolicies(name, mod['policies'], plan);
   for (const step of plan.steps) {
     const needed = step.kind === 'operator' ? step.operator : null;
@@ -456,13 +460,61 @@ async function buildAgents(job: JobModule, ctx: SetupContext): Promise<AgentDefi
   try {
     value = await job.agentsBuilder!(ctx);
   } catch (error) {
+    const tool = refusedTool(error);
+    if (tool !== null) badInput(toolRefusal(name, job.plan, tool.agent, tool.tool, tool.why));
     badInput(
       `job module ${name}: its agents() threw: ${firstLine(error)}; fix the agents builder (it runs after setup)`,
     );
   }
   const agents = checkAgents(name, value, true);
   checkAgentSteps(name, job.plan, agents, true);
+  checkAgentTools(name, job.plan, agents);
   return agents;
+}
+
+/** The agent and tool `defineAgent` refused for a tool input a model cannot be shown, if it did. */
+function refusedTool(error: unknown): { agent: string; tool: string; why: string } | null {
+  if (!(error instanceof ConfigurationError) || !/^tools\[\d+\]\.input$/.test(error.field ?? '')) {
+    return null;
+  }
+  const m = /^Invalid agent "([^"]*)": tool "([^"]*)" (.*)$/s.exec(error.message);
+  return m === null ? null : { agent: m[1]!, tool: m[2]!, why: m[3]! };
+}
+
+/**
+ * What is said of a tool whose input schema a model cannot be shown: the tool, the agent, the
+ * steps that use the agent (with their mode) and the fix.
+ */
+function toolRefusal(name: string, plan: Plan, agent: string, tool: string, why: string): string {
+  const steps = plan.steps.flatMap((s) =>
+    s.kind === 'agent' && s.agent === agent ? [`"${s.id}" (${s.mode})`] : [],
+  );
+  const usedBy =
+    steps.length === 0
+      ? 'which no step uses'
+      : `used by step${steps.length === 1 ? '' : 's'} ${steps.join(', ')}`;
+  return `job module ${name}: agent "${agent}" (${usedBy}) has tool "${tool}", which ${why}; each model call sends a tool's input schema as JSON Schema, so fix the input of tool "${tool}" (a z.object({ … }) of JSON types: no z.custom, z.date or z.transform)`;
+}
+
+/**
+ * Each tool of an agent that an agent step uses must have an input a model can be shown: its
+ * JSON Schema is what each model call sends as the function's parameters (in a granular step,
+ * once per turn). `defineAgent` checks this too; an agent made another way is checked here.
+ */
+function checkAgentTools(name: string, plan: Plan, agents: readonly AgentDefinition[]): void {
+  for (const step of plan.steps) {
+    if (step.kind !== 'agent') continue;
+    const agent = agents.find((a) => a.name === step.agent);
+    for (const tool of agent?.tools ?? []) {
+      try {
+        toolParametersSchema(tool);
+      } catch (error) {
+        if (!(error instanceof ConfigurationError)) throw error;
+        const why = error.message.replace(/^tool "[^"]*" /, '');
+        badInput(toolRefusal(name, plan, step.agent, tool.name, why));
+      }
+    }
+  }
 }
 
 const subjectOf = (built: boolean) => (built ? 'agents()' : 'agents');

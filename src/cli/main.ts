@@ -27,12 +27,18 @@ Usage:
       step, attempt, turn, since; units done, failed and busy since it started) goes to stderr:
       on a terminal a line whenever it changes; with --status-every MS a JSON line
       {"type":"worker.status",...} every MS; on SIGUSR2 (kill -USR2 <pid>) a JSON line at once
-  flujo status <runId> [--json]                   the run and its steps; exits with the run's code
+  flujo status <runId> [--full] [--verbose] [--json]
+      the run and its steps, each attempt of a step that ran more than once with its error;
+      exits with the run's code. Errors are whole (every line, causes); --verbose: with their
+      stack traces; --full: payloads and call ids uncut
   flujo list [--status S] [--plan P] [--tenant T] [--since T] [--until T] [--limit N] [--json]
-      runs newest first: plan, tenant, status, start, duration, the step that waits; T is an
-      ISO time or an age like 30m, 6h, 2d (--status: running|waiting|succeeded|failed|cancelled)
-  flujo events <runId> [--follow] [--json]        one line per event; --follow until the run ends
-      besides step and run changes: tool.called (executed or receipt replayed, duration),
+      runs newest first: plan, tenant, status, start, duration, the step that waits, or a failed
+      run's blocked step and reason; T is an ISO time or an age like 30m, 6h, 2d
+      (--status: running|waiting|succeeded|failed|cancelled)
+  flujo events <runId> [--follow] [--full] [--verbose] [--json]
+      one line per event, in the order they happened (--json: in commit order); --follow until
+      the run ends; errors whole (--verbose: with stacks); --full: payloads and call ids uncut.
+      Besides step and run changes: tool.called (executed, receipt replayed or held, duration),
       model.called (tokens, cost, duration), step.ran / turn.ran (worker host and pid, duration),
       step.takenOver / turn.takenOver (run again after its worker stopped)
   flujo approve <runId> <stepId> [--call ID] [--by NAME] [--comment TEXT] [--json]
@@ -72,8 +78,9 @@ Usage:
       approval unless --allow-effects; regenerate gives agent steps new keys, in a new lineage.
       --from STEP reuses the outputs of the steps that do not depend on STEP
   flujo validate <plan.json | job-module> [--json]
-      check a plan, or a job module (its exports, and that its steps' operators, agents and
-      policies exist); print the steps in dependency order
+      check a plan, or a job module (its exports, that its steps' operators, agents and policies
+      exist, and that its agents' tools can be shown to a model; agents exported as a function
+      are built after setup); print the steps in dependency order
   flujo init [dir]                                scaffold a project with a typed job module
       (package.json with "type": "module" and scripts, jobs/hello.ts, tsconfig.json, README.md)
   flujo redis stop                                stop the embedded redis-server of this project
@@ -100,6 +107,7 @@ working directory). The embedded server is started detached and KEEPS RUNNING
 after the command, so the next command (and a resume after a crash) reuses it; stop it with
 \`flujo redis stop\`. --prefix P (or FLUJO_PREFIX) sets the key prefix (default flujo); every
 worker on a prefix must know the operators of the runs on it. --by defaults to $USER, else "cli".
+A password in --redis is printed as *** in the commands flujo prints: set REDIS_URL instead.
 
 Exit codes:
   0    the run succeeded, or the command did what it was asked
@@ -146,6 +154,8 @@ const OPTIONS = {
   host: { type: 'string' },
   url: { type: 'string' },
   'status-every': { type: 'string' },
+  full: { type: 'boolean' },
+  verbose: { type: 'boolean' },
 } as const;
 
 const CONNECTS = ['redis', 'prefix', 'redis-timeout'];
@@ -164,9 +174,9 @@ const ALLOWED: Record<string, readonly string[]> = {
   ],
   resume: ['concurrency', 'json', 'by', 'quiet', 'redis-outage-limit', ...CONNECTS],
   worker: ['concurrency', 'status-every', ...CONNECTS],
-  status: ['json', ...CONNECTS],
+  status: ['json', 'full', 'verbose', ...CONNECTS],
   list: ['status', 'plan', 'tenant', 'since', 'until', 'limit', 'json', ...CONNECTS],
-  events: ['follow', 'json', ...CONNECTS],
+  events: ['follow', 'full', 'verbose', 'json', ...CONNECTS],
   trace: ['out', 'html', ...CONNECTS],
   inspect: ['follow', 'url', 'json', ...CONNECTS],
   approve: DECIDE,

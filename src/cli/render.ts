@@ -7,6 +7,7 @@ import { delimiter, isAbsolute, join, relative, resolve } from 'node:path';
 import type { SerializedError } from '../errors.js';
 import type { RunListEntry } from '../worker/run-list.js';
 import type { WorkerStatus } from '../worker/registry.js';
+import { hasMaskedPassword, MASKED_PASSWORD, MASKED_PASSWORD_HINT } from './context.js';
 import { ExitCode } from './exit-codes.js';
 
 type CacheSource = NonNullable<RunReport['steps'][number]['cachedFrom']>;
@@ -97,7 +98,10 @@ const UNKNOWN_MODULE = '<job-module>';
 export interface NextCommands {
   worker: string;
   resume: string;
-  /** Empty, or `" (<job-module> is a placeholder …)"` when the module is not known. */
+  /**
+   * Empty, or what to know before running them: `" (<job-module> is a placeholder …)"` when the
+   * module is not known; that the password of `--redis` is masked, and to use REDIS_URL.
+   */
   note: string;
 }
 
@@ -107,11 +111,12 @@ export function nextCommands(
   modulePath: string | null,
   extra: readonly string[] = [],
 ): NextCommands {
+  const masked = hasMaskedPassword(extra) ? ` (${MASKED_PASSWORD_HINT})` : '';
   if (modulePath !== null) {
     return {
       worker: workerCommand(modulePath, extra),
       resume: resumeCommand(runId, modulePath, extra),
-      note: '',
+      note: masked,
     };
   }
   const flujo = flujoInvocation();
@@ -119,7 +124,7 @@ export function nextCommands(
   return {
     worker: `${flujo} worker ${UNKNOWN_MODULE}${flags(workerFlags(extra))}`,
     resume: `${flujo} resume ${shellQuote(runId)} ${UNKNOWN_MODULE}${flags(extra)}`,
-    note: ` (${UNKNOWN_MODULE} is a placeholder for the path of the job module that started the run, which the run does not record)`,
+    note: ` (${UNKNOWN_MODULE} is a placeholder for the path of the job module that started the run, which the run does not record)${masked}`,
   };
 }
 
@@ -127,9 +132,51 @@ const time = (at: unknown): string =>
   typeof at === 'number' && at > 0 ? new Date(at).toISOString() : '-';
 const clock = (at: unknown): string => time(at).slice(11, 23);
 
-function preview(value: unknown, max = 80): string {
+/** How much the views print. */
+export interface RenderOptions {
+  /** Nothing is cut: whole payloads and whole call ids (`--full`). */
+  full?: boolean | undefined;
+  /** Errors with their stack traces (`--verbose`). */
+  verbose?: boolean | undefined;
+}
+
+/** A value as JSON, cut to `max` characters unless `full`. */
+function preview(value: unknown, max = 80, full = false): string {
   const text = JSON.stringify(value) ?? 'null';
-  return text.length > max ? `${text.slice(0, max - 1)}…` : text;
+  return !full && text.length > max ? `${text.slice(0, max - 1)}…` : text;
+}
+
+/** A call id as printed: its first 12 characters (enough to name it), or whole with `full`. */
+const callIdText = (callId: string, full = false): string => (full ? callId : callId.slice(0, 12));
+
+/**
+ * An error as lines, never cut: `code: message` (with the thrown class, `code: Class: message`)
+ * and every further line of its message, then its cause chain (`caused by Class: message`, every
+ * line), then, with `verbose`, its stack frames. The lines after the first are indented by two.
+ */
+export function errorText(error: SerializedError, verbose = false): string[] {
+  const thrown = error.thrown;
+  const [first = '', ...rest] = (thrown?.message ?? error.message).split('\n');
+  const lines = [`${error.code}: ${thrown === undefined ? '' : `${thrown.name}: `}${first}`];
+  for (const line of rest) lines.push(`  ${line}`);
+  if (verbose) {
+    for (const frame of (thrown?.stack ?? '').split('\n').filter((f) => f.trim() !== '')) {
+      lines.push(`  ${frame.trim()}`);
+    }
+  }
+  for (const cause of thrown?.causes ?? []) {
+    const [head = '', ...more] = cause.message.split('\n');
+    lines.push(`  caused by ${cause.name}: ${head}`);
+    for (const line of more) lines.push(`    ${line}`);
+  }
+  return lines;
+}
+
+/** Whether `value` looks like a stored error (code and message). */
+function isSerializedError(value: unknown): value is SerializedError {
+  if (typeof value !== 'object' || value === null) return false;
+  const v = value as Record<string, unknown>;
+  return typeof v['code'] === 'string' && typeof v['message'] === 'string';
 }
 
 /** The steps waiting for approval. */
@@ -148,10 +195,19 @@ export function progressLine(e: StoredRunEvent): string | null {
   return `  ${clock(d['at'])}  ${String(d['stepId'])}: ${String(d['from'])} → ${String(d['to'])}${attempt}`;
 }
 
-/** One line per event for `flujo events`. */
-export function eventLine(e: StoredRunEvent): string {
+/** Where the detail of an event line starts (after its time and type). */
+const DETAIL_INDENT = ' '.repeat(41);
+
+/**
+ * One line per event for `flujo events` (an error's further lines follow it, indented). Payloads
+ * are cut to a preview unless `options.full`; errors are never cut, and carry their stack with
+ * `options.verbose`.
+ */
+export function eventLine(e: StoredRunEvent, options: RenderOptions = {}): string {
   const d = e.data as Record<string, unknown>;
   const s = (k: string) => String(d[k]);
+  const full = options.full === true;
+  const more: string[] = [];
   let detail: string;
   switch (e.type) {
     case 'run.created':
@@ -165,10 +221,10 @@ export function eventLine(e: StoredRunEvent): string {
       break;
     case 'gate.approved':
     case 'gate.rejected':
-      detail = `${s('stepId')} by ${s('by')}${d['comment'] === undefined ? '' : `: ${preview(d['comment'])}`}`;
+      detail = `${s('stepId')} by ${s('by')}${d['comment'] === undefined ? '' : `: ${preview(d['comment'], 80, full)}`}`;
       break;
     case 'step.succeeded':
-      detail = `${s('stepId')} attempt ${s('attempt')}: ${preview(d['output'])}`;
+      detail = `${s('stepId')} attempt ${s('attempt')}: ${preview(d['output'], 80, full)}`;
       break;
     case 'step.cacheHit':
       detail = `${s('stepId')} attempt ${s('attempt')}: ${cacheText({
@@ -182,15 +238,19 @@ export function eventLine(e: StoredRunEvent): string {
       detail = `${s('stepId')} attempt ${s('attempt')} turn ${s('turn')}: history ${s('cursor')} messages`;
       break;
     case 'step.failed': {
-      const err = (d['error'] ?? {}) as Record<string, unknown>;
-      detail = `${s('stepId')} attempt ${s('attempt')}: ${String(err['code'])}: ${String(err['message']).split('\n')[0]}`;
+      const err = d['error'];
+      const [first = '', ...rest] = isSerializedError(err)
+        ? errorText(err, options.verbose === true)
+        : [preview(err, 80, full)];
+      detail = `${s('stepId')} attempt ${s('attempt')}: ${first}`;
+      more.push(...rest);
       break;
     }
     case 'step.started':
       detail = `${s('stepId')} attempt ${s('attempt')}`;
       break;
     case 'tool.called':
-      detail = `${unitOf(d)}: ${s('tool')} (${s('class')}) ${d['replayed'] === true ? 'receipt replayed' : 'executed'}, ${s('outcome')}${d['error'] === undefined ? '' : ` ${s('error')}`}, ${duration(Number(d['durationMs']))}; call ${s('callId').slice(0, 12)}`;
+      detail = `${unitOf(d)}: ${s('tool')} (${s('class')}) ${toolVerdict(d)}${d['error'] === undefined ? '' : ` ${s('error')}`}, ${duration(Number(d['durationMs']))}; call ${callIdText(s('callId'), full)}`;
       break;
     case 'model.called':
       detail = `${unitOf(d)}: ${s('model')} ${s('inputTokens')} in + ${s('outputTokens')} out tokens, $${Number(d['costUsd']).toFixed(6)}, ${duration(Number(d['durationMs']))} (${s('charged')}; reservation ${s('reservationId')})`;
@@ -212,10 +272,37 @@ export function eventLine(e: StoredRunEvent): string {
       const rest = Object.fromEntries(
         Object.entries(d).filter(([k]) => k !== 'type' && k !== 'at'),
       );
-      detail = Object.keys(rest).length === 0 ? '' : preview(rest, 160);
+      detail = Object.keys(rest).length === 0 ? '' : preview(rest, 160, full);
     }
   }
-  return `${time(d['at'])}  ${e.type.padEnd(14)} ${detail}`.trimEnd();
+  const line = `${time(d['at'])}  ${e.type.padEnd(14)} ${detail}`.trimEnd();
+  return [line, ...more.map((l) => `${DETAIL_INDENT}${l}`)].join('\n');
+}
+
+/**
+ * What a tool call came to: `executed, succeeded`, `receipt replayed, succeeded`, `executed,
+ * failed`, or `held (not executed: waits for approval)` for a call stopped before its effect.
+ */
+function toolVerdict(d: Record<string, unknown>): string {
+  if (d['outcome'] === 'held') return 'held (not executed: waits for approval)';
+  return `${d['replayed'] === true ? 'receipt replayed' : 'executed'}, ${String(d['outcome'])}`;
+}
+
+/**
+ * A run's events in the order they happened: by their own time (`at`), events of the same time
+ * in stream order. The stream is in commit order, and a unit commits its facts when it ends: the
+ * start of a step that ran beside another, or its worker's report, is committed after later
+ * facts of the other.
+ */
+export function inTimeOrder(events: readonly StoredRunEvent[]): StoredRunEvent[] {
+  const at = (e: StoredRunEvent) => {
+    const t = (e.data as Record<string, unknown>)['at'];
+    return typeof t === 'number' ? t : -Infinity;
+  };
+  return events
+    .map((e, i) => ({ e, i, at: at(e) }))
+    .sort((a, b) => a.at - b.at || a.i - b.i)
+    .map((x) => x.e);
 }
 
 /** `step attempt N[ turn T]` of an event. */
@@ -254,6 +341,8 @@ export interface AttemptTimeline {
   worker: string | null;
   /** Times it was taken over after its worker stopped. */
   takenOver: number;
+  /** The error it failed with, when it failed. */
+  error: SerializedError | null;
 }
 
 /** Every attempt of every step, from a run's events, in the order they started. */
@@ -273,6 +362,7 @@ export function attemptsOf(events: readonly StoredRunEvent[]): AttemptTimeline[]
         outcome: null,
         worker: null,
         takenOver: 0,
+        error: null,
       };
       byKey.set(key, a);
     }
@@ -310,6 +400,7 @@ export function attemptsOf(events: readonly StoredRunEvent[]): AttemptTimeline[]
         a.endedAt = at;
         a.outcome = e.type.slice('step.'.length);
         if (a.startedAt !== null && at !== null) a.durationMs = at - a.startedAt;
+        if (e.type === 'step.failed' && isSerializedError(d['error'])) a.error = d['error'];
         break;
       }
       default:
@@ -331,7 +422,7 @@ export function listLines(runs: readonly RunListEntry[], now: number): string[] 
       r.status,
       time(r.createdAt),
       duration(r.endedAt === null ? now - r.createdAt : r.durationMs),
-      r.waitingStep !== null ? `${r.waitingStep} (waits for approval)` : (r.currentStep ?? ''),
+      stepText(r),
     ]),
   ];
   const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
@@ -343,17 +434,32 @@ export function listLines(runs: readonly RunListEntry[], now: number): string[] 
   );
 }
 
+/** The STEP column of the list: the step that waits or works, or where and why a run failed. */
+function stepText(r: RunListEntry): string {
+  if (r.waitingStep !== null) return `${r.waitingStep} (waits for approval)`;
+  if (r.status === 'failed' && (r.blockedStep != null || r.reason != null)) {
+    const why = r.reason == null ? 'failed' : `failed: ${r.reason}`;
+    return r.blockedStep == null ? `(${why})` : `${r.blockedStep} (${why})`;
+  }
+  return r.currentStep ?? '';
+}
+
 /** The lines asking a person to decide: the step or its tool call, why, and who may decide. */
-export function approvalLines(runId: string, a: PendingApproval): string[] {
+export function approvalLines(
+  runId: string,
+  a: PendingApproval,
+  options: RenderOptions = {},
+): string[] {
+  const full = options.full === true;
   const who = a.approvers === null ? 'NAME' : a.approvers[0]!;
   // A pending tool call is named, so that the decision cannot land on another call.
-  const call = a.call === null ? '' : ` --call ${a.call.callId.slice(0, 12)}`;
+  const call = a.call === null ? '' : ` --call ${callIdText(a.call.callId, full)}`;
   const lines = [
     `  waiting for approval: ${a.stepId} (${flujoInvocation()} approve ${shellQuote(runId)} ${a.stepId}${call} --by ${who}, or ${flujoInvocation()} reject …)`,
   ];
   if (a.call !== null) {
     lines.push(
-      `    tool call ${a.call.callId.slice(0, 12)}: ${a.call.tool} ${preview(a.call.args, 120)}`,
+      `    tool call ${callIdText(a.call.callId, full)}: ${a.call.tool} ${preview(a.call.args, 120, full)}`,
     );
   }
   if (a.reason !== null) lines.push(`    reason: ${a.reason}`);
@@ -362,33 +468,49 @@ export function approvalLines(runId: string, a: PendingApproval): string[] {
 }
 
 /** What a run came to: status, produced outputs, blocked step and reason, and what to do next. */
-export function summaryLines(report: RunReport, resume: string | undefined): string[] {
+export function summaryLines(
+  report: RunReport,
+  resume: string | undefined,
+  options: RenderOptions = {},
+): string[] {
   const { runId, summary } = report;
   const lines = [`run ${runId} ${report.status}`];
   const produced = Object.keys(summary.produced);
   lines.push(`  produced: ${produced.length === 0 ? 'nothing' : produced.join(', ')}`);
   if (summary.blockedStep !== null) lines.push(`  blocked at: ${summary.blockedStep}`);
-  if (summary.reason !== null) {
-    lines.push(`  reason: ${summary.reason}${detailText(summary.detail)}`);
-  }
+  if (summary.reason !== null) lines.push(...reasonLines(summary.reason, summary.detail, options));
   const waiting = waitingSteps(report);
-  for (const approval of report.approvals ?? []) lines.push(...approvalLines(runId, approval));
+  for (const approval of report.approvals ?? []) {
+    lines.push(...approvalLines(runId, approval, options));
+  }
   if (resume !== undefined && (waiting.length > 0 || report.status === 'failed')) {
     lines.push(`  then continue with: ${resume}`);
+    if (resume.includes(`:${MASKED_PASSWORD}@`)) lines.push(`  note: ${MASKED_PASSWORD_HINT}`);
   }
   return lines;
 }
 
-function detailText(detail: unknown): string {
-  if (detail === null || detail === undefined) return '';
+/** `reason: <code>` and what the detail says: a budget's numbers, or the whole error. */
+function reasonLines(reason: string, detail: unknown, options: RenderOptions): string[] {
+  const head = `  reason: ${reason}`;
+  if (detail === null || detail === undefined) return [head];
   if (typeof detail === 'object' && !Array.isArray(detail)) {
     const d = detail as Record<string, unknown>;
     if (typeof d['budget'] === 'string') {
-      return ` (${d['budget']}: limit ${String(d['limit'])}, used ${String(d['used'])})`;
+      return [`${head} (${d['budget']}: limit ${String(d['limit'])}, used ${String(d['used'])})`];
     }
-    if (typeof d['message'] === 'string') return `: ${d['message'].split('\n')[0]}`;
+    if (isSerializedError(detail)) {
+      const [first = '', ...rest] = errorText(detail, options.verbose === true);
+      // The code is the reason already: not said twice.
+      const said = first.startsWith(`${reason}: `) ? first.slice(reason.length + 2) : first;
+      return [`${head}: ${said}`, ...rest.map((l) => `    ${l}`)];
+    }
+    if (typeof d['message'] === 'string') {
+      const [first = '', ...rest] = d['message'].split('\n');
+      return [`${head}: ${first}`, ...rest.map((l) => `      ${l}`)];
+    }
   }
-  return `: ${preview(detail)}`;
+  return [`${head}: ${preview(detail, 80, options.full === true)}`];
 }
 
 /** Where a cached step's output came from: `cached from run R at T` (and an external provenance). */
@@ -398,24 +520,9 @@ export function cacheText(source: CacheSource | null): string {
   return source.provenance === null ? from : `${from} (${source.provenance})`;
 }
 
-/** A step's last error: what was thrown (class, message), its first frames and its causes. */
-export function errorLines(error: SerializedError, frames = 3): string[] {
-  const pad = '      ';
-  const thrown = error.thrown;
-  const firstLine = (text: string) => text.split('\n')[0] ?? '';
-  if (thrown === undefined)
-    return [`${pad}${error.name} (${error.code}): ${firstLine(error.message)}`];
-  const lines = [`${pad}${thrown.name}: ${firstLine(thrown.message)}`];
-  for (const frame of (thrown.stack ?? '')
-    .split('\n')
-    .filter((f) => f !== '')
-    .slice(0, frames)) {
-    lines.push(`${pad}  ${frame}`);
-  }
-  for (const cause of thrown.causes ?? []) {
-    lines.push(`${pad}  caused by ${cause.name}: ${firstLine(cause.message)}`);
-  }
-  return lines;
+/** An error as indented lines (see {@link errorText}): whole, with its stack when `verbose`. */
+export function errorLines(error: SerializedError, verbose = false, pad = '      '): string[] {
+  return errorText(error, verbose).map((l) => `${pad}${l}`);
 }
 
 /** `flujo status`: the run, its steps, and its summary. */
@@ -423,7 +530,9 @@ export function statusLines(
   report: RunReport,
   attempts: readonly AttemptTimeline[] = [],
   next: NextCommands = nextCommands(report.runId, null),
+  options: RenderOptions = {},
 ): string[] {
+  const verbose = options.verbose === true;
   const width = Math.max(...report.steps.map((s) => s.stepId.length), 4);
   const lines = [
     `run ${report.runId}  plan "${report.planName}"  ${report.status}  (version ${report.version}, updated ${time(report.updatedAt)})`,
@@ -452,8 +561,10 @@ export function statusLines(
       );
     }
     lines.push(`  ${s.stepId.padEnd(width)}  ${s.status.padEnd(16)} ${extra.join(', ')}`.trimEnd());
-    // Each attempt, when there was more than one or one was taken over.
-    if (mine.length > 1 || mine.some((a) => a.takenOver > 0)) {
+    // Each attempt, when there was more than one or one was taken over, with the error of each
+    // that failed.
+    const each = mine.length > 1 || mine.some((a) => a.takenOver > 0);
+    if (each) {
       for (const a of mine) {
         const span =
           a.endedAt === null
@@ -463,17 +574,22 @@ export function statusLines(
         lines.push(
           `  ${''.padEnd(width)}    attempt ${a.attempt}: ${span}${a.worker === null ? '' : ` on ${a.worker}`}${taken}`.trimEnd(),
         );
+        if (a.error !== null) lines.push(...errorLines(a.error, verbose, ''.padEnd(width + 8)));
       }
     }
-    if (s.error !== null && s.status !== 'SUCCEEDED') lines.push(...errorLines(s.error));
+    // The step's last error, unless its attempt's lines above carry it.
+    const shown = each && mine.some((a) => a.error !== null && a.attempt === s.attempt);
+    if (s.error !== null && s.status !== 'SUCCEEDED' && !shown) {
+      lines.push(...errorLines(s.error, verbose));
+    }
   }
   for (const [stepId, p] of Object.entries(report.progress ?? {})) {
     lines.push(
-      `  progress of ${stepId} (attempt ${p.attempt}, ${clock(p.at)}): ${preview(p.info, 120)}`,
+      `  progress of ${stepId} (attempt ${p.attempt}, ${clock(p.at)}): ${preview(p.info, 120, options.full === true)}`,
     );
   }
   if (report.idle != null) lines.push(idleLine(report.idle, next));
-  return lines.concat(lineageLines(report), summaryLines(report, undefined).slice(1));
+  return lines.concat(lineageLines(report), summaryLines(report, undefined, options).slice(1));
 }
 
 /** Says that due work waits for a worker, and the commands that take it up. */

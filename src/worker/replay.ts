@@ -322,7 +322,12 @@ export async function startReplay(
     refreshCache: '1',
     ...replayMetaFields(origin),
   };
-  await core.activeRuns.add(newRunId);
+  // Listed before it exists, as a start lists its run: the list removes an entry whose run never
+  // got created.
+  await Promise.all([
+    core.activeRuns.add(newRunId),
+    core.runs.add({ runId: newRunId, planName: plan.name, tenantId: meta.tenantId, createdAt: at }),
+  ]);
   const envelope = await core.host.createFrom(newRunId, { snapshot, facts, created, meta: fields });
   await lineageStore(core).add(runId, { runId: newRunId, mode: options.mode, at });
   await core.scheduleDeadline(newRunId, plan, at);

@@ -1,5 +1,6 @@
 import { InputValidationError, type ValidationIssue as Issue } from '../errors.js';
-import { runStatus, runSteps } from '../machines/kernel.js';
+import { summarize } from '../actors/run-host.js';
+import { runStatus, runSteps, type RunSnapshot } from '../machines/kernel.js';
 import { RunStatus } from '../machines/types.js';
 import type { RunIndexEntry } from '../persistence/run-index.js';
 import type { RuntimeCore } from '../actors/core.js';
@@ -35,6 +36,10 @@ export interface RunListEntry {
   waitingStep: string | null;
   /** While the run works: the first step that is running or due. */
   currentStep: string | null;
+  /** A failed run: the first step (plan order) that failed finally, if one did. */
+  blockedStep: string | null;
+  /** A failed run: why, as a code (`tool_input_invalid`, `budget_exceeded`, …). */
+  reason: string | null;
 }
 
 const ENDED: readonly string[] = [RunStatus.succeeded, RunStatus.failed, RunStatus.cancelled];
@@ -161,8 +166,16 @@ async function current(
     createdAt: e.createdAt,
   };
   if (e.end !== null) {
-    // One small read: the run's keys may have expired since it ended (retention).
-    if ((await core.store.version(e.runId)) === null) return null;
+    let failure = { blockedStep: null as string | null, reason: null as string | null };
+    if (e.end.status === RunStatus.failed) {
+      // A failed run says where and why: its snapshot is read (without its outputs).
+      const env = await core.store.tryLoad(e.runId, { outputs: false });
+      if (env === null) return null;
+      failure = failureOf(env.snapshot);
+    } else if ((await core.store.version(e.runId)) === null) {
+      // One small read: the run's keys may have expired since it ended (retention).
+      return null;
+    }
     return {
       ...base,
       status: e.end.status as RunStatus,
@@ -170,6 +183,7 @@ async function current(
       durationMs: e.end.at - e.createdAt,
       waitingStep: null,
       currentStep: null,
+      ...failure,
     };
   }
   const env = await core.store.tryLoad(e.runId);
@@ -192,5 +206,14 @@ async function current(
       : (steps.find(
           (s) => s.status === 'RUNNING' || s.status === 'READY' || s.status === 'FAILED_RETRYABLE',
         )?.stepId ?? null),
+    ...(status === RunStatus.failed
+      ? failureOf(env.snapshot)
+      : { blockedStep: null, reason: null }),
   };
+}
+
+/** Where and why a failed run stopped, as its summary says. */
+function failureOf(snapshot: RunSnapshot): { blockedStep: string | null; reason: string | null } {
+  const { blockedStep, reason } = summarize(snapshot, RunStatus.failed, 0);
+  return { blockedStep, reason };
 }

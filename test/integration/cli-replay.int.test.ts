@@ -51,6 +51,17 @@ describe('flujo replay', () => {
     const human = await flujo(['replay', runId, '--mode', 'regenerate'], prefix);
     expect(human.code).toBe(0);
     expect(human.lines[0]).toMatch(new RegExp(`^run \\S+ regenerates ${runId} \\(lineage `));
+    const regenerated = /^run (\S+) /.exec(human.lines[0]!)![1]!;
+
+    // Listed from its creation, before any worker took it up.
+    const listed = await flujo(['list', '--json'], prefix);
+    expect(listed.code, listed.err).toBe(0);
+    const runs = JSON.parse(listed.out) as { runId: string; planName: string; status: string }[];
+    expect(runs.map((r) => [r.runId, r.planName, r.status])).toEqual([
+      [regenerated, 'line', 'running'],
+      [replayed.runId, 'line', 'running'],
+      [runId, 'line', 'succeeded'],
+    ]);
 
     const resumed = await flujo(['resume', replayed.runId, LINE], prefix);
     expect(resumed.code).toBe(0);

@@ -105,17 +105,22 @@ describe('a failed attempt keeps what was thrown', () => {
     }
   });
 
-  it('flujo status shows the class, the first frames and the cause', async () => {
+  it('flujo status shows the class and the cause, and with --verbose the stack', async () => {
     const run = await flujo(['run', 'test/fixtures/jobs/throws.ts']);
     expect(run.code, run.err).toBe(1);
     const runId = /^run (\S+) /.exec(run.out)![1]!;
     const status = await flujo(['status', runId]);
     expect(status.code).toBe(1);
     const lines = status.out.split('\n');
-    const at = lines.findIndex((l) => l.includes('TypeError: cannot parse amount "12,5"'));
+    const at = lines.findIndex((l) => l.includes('unknown: TypeError: cannot parse amount "12,5"'));
     expect(at, status.out).toBeGreaterThan(0);
-    expect(lines[at + 1]).toMatch(/^\s+at parseAmount \(.*throws\.ts:\d+:\d+\)$/);
-    expect(status.out).toContain('caused by RangeError: amount out of range');
+    expect(lines[at + 1]).toMatch(/^\s+caused by RangeError: amount out of range$/);
+    expect(status.out).not.toMatch(/^\s+at /m);
+    const verbose = await flujo(['status', runId, '--verbose']);
+    const vlines = verbose.out.split('\n');
+    const vat = vlines.findIndex((l) => l.includes('TypeError: cannot parse amount "12,5"'));
+    expect(vlines[vat + 1]).toMatch(/^\s+at parseAmount \(.*throws\.ts:\d+:\d+\)$/);
+    expect(verbose.out).toContain('caused by RangeError: amount out of range');
   }, 30_000);
 });
 

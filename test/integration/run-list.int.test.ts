@@ -99,6 +99,9 @@ describe('runtime.list', () => {
       [ok, 'alpha', 'acme', 'succeeded'],
     ]);
     expect(all[1]!.waitingStep).toBe('gate');
+    // A failed run says where and why it stopped; the others have no such fields set.
+    expect(all[2]).toMatchObject({ blockedStep: 's', reason: 'unknown' });
+    expect(all.filter((r) => r.blockedStep !== null || r.reason !== null)).toHaveLength(1);
     expect(all[0]).toMatchObject({ currentStep: 's', endedAt: null, waitingStep: null });
     expect(all[3]!.endedAt).toBeGreaterThanOrEqual(all[3]!.createdAt);
     expect(all[3]!.durationMs).toBe(all[3]!.endedAt! - all[3]!.createdAt);
@@ -187,6 +190,30 @@ describe('runtime.list', () => {
     const listed = await rt.list();
     expect(listed.map((r) => [r.runId, r.planName, r.tenantId])).toEqual([
       [run.runId, 'old', 'acme'],
+    ]);
+  });
+
+  it('a replay or regeneration is listed, with its plan and status, as soon as it is created', async () => {
+    worker = rt.createWorker({ concurrency: 1 });
+    await worker.ready();
+    const original = await rt.start(line('alpha', 'ok'), null, { tenantId: 'acme' });
+    expect((await original.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
+    await worker.close();
+    worker = undefined;
+    // No worker runs from here on: the replays are listed by their creation alone.
+    skew += 10;
+    const replayed = await rt.replay(original.runId, { mode: 'replay' });
+    skew += 10;
+    const regenerated = await rt.replay(original.runId, { mode: 'regenerate' });
+    const listed = await rt.list();
+    expect(listed.map((r) => [r.runId, r.planName, r.tenantId, r.status, r.currentStep])).toEqual([
+      [regenerated.runId, 'alpha', 'acme', 'running', 's'],
+      [replayed.runId, 'alpha', 'acme', 'running', 's'],
+      [original.runId, 'alpha', 'acme', 'succeeded', null],
+    ]);
+    expect((await rt.list({ status: 'running' })).map((r) => r.runId)).toEqual([
+      regenerated.runId,
+      replayed.runId,
     ]);
   });
 

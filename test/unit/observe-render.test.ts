@@ -1,13 +1,15 @@
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { listFilterOf, parseTimeOption } from '../../src/cli/commands/list.js';
-import type { Ctx } from '../../src/cli/context.js';
+import { maskRedisUrl, repeatFlags, type Ctx } from '../../src/cli/context.js';
 import { CliError } from '../../src/cli/exit-codes.js';
 import {
   attemptsOf,
   duration,
+  errorText,
   eventLine,
   idleLine,
+  inTimeOrder,
   listLines,
   nextCommands,
 } from '../../src/cli/render.js';
@@ -142,6 +144,8 @@ describe('how runs are shown', () => {
           durationMs: 0,
           waitingStep: 'review',
           currentStep: null,
+          blockedStep: null,
+          reason: null,
         },
       ],
       90_000,
@@ -158,6 +162,104 @@ describe('how runs are shown', () => {
     expect(idleLine(idle, nextCommands('r1', null))).toMatch(
       /start one with `(npx )?flujo worker <job-module>`, or continue it with `(npx )?flujo resume r1 <job-module>` \(<job-module> is a placeholder for the path of the job module that started the run/,
     );
+  });
+});
+
+describe('whole errors, ordered events, masked passwords', () => {
+  const error = {
+    name: 'ToolInputError',
+    code: 'tool_input_invalid',
+    message: 'Invalid arguments for tool "t" (1 problem):\n  - args.a: expected number',
+    retryable: false,
+    thrown: {
+      name: 'ToolInputError',
+      message: 'Invalid arguments for tool "t" (1 problem):\n  - args.a: expected number',
+      stack: 'at parse (x.js:1:1)\nat run (y.js:2:2)',
+      causes: [{ name: 'Error', message: 'root\nsecond' }],
+    },
+  };
+
+  it('an error is every line of its message and its causes; the stack only when verbose', () => {
+    expect(errorText(error)).toEqual([
+      'tool_input_invalid: ToolInputError: Invalid arguments for tool "t" (1 problem):',
+      '    - args.a: expected number',
+      '  caused by Error: root',
+      '    second',
+    ]);
+    expect(errorText(error, true).slice(2, 4)).toEqual([
+      '  at parse (x.js:1:1)',
+      '  at run (y.js:2:2)',
+    ]);
+    const line = eventLine(ev('step.failed', { stepId: 's', attempt: 2, error, at: 1000 }));
+    expect(line.split('\n')).toHaveLength(4);
+    expect(line.split('\n')[1]).toMatch(/^ {41} {4}- args\.a: expected number$/);
+  });
+
+  it('a held tool call is not said to be executed; --full keeps the call id whole', () => {
+    const held = ev('tool.called', {
+      stepId: 'pay',
+      attempt: 1,
+      callId: 'abcdef0123456789',
+      tool: 'transfer@1',
+      class: 'external',
+      replayed: false,
+      durationMs: 2,
+      outcome: 'held',
+      at: 1000,
+    });
+    expect(eventLine(held)).toContain(
+      'transfer@1 (external) held (not executed: waits for approval), 2.0 ms; call abcdef012345',
+    );
+    expect(eventLine(held, { full: true })).toMatch(/; call abcdef0123456789$/);
+  });
+
+  it('events are put in the order of their own time, ties in stream order', () => {
+    const events = [
+      ev('step.started', { stepId: 'b', attempt: 1, at: 20 }),
+      ev('step.succeeded', { stepId: 'b', attempt: 1, at: 30 }),
+      ev('step.started', { stepId: 'a', attempt: 1, at: 10 }),
+      ev('step.ran', { stepId: 'a', attempt: 1, at: 30 }),
+    ];
+    expect(inTimeOrder(events).map((e) => `${String(e.data['stepId'])} ${e.type}`)).toEqual([
+      'a step.started',
+      'b step.started',
+      'b step.succeeded',
+      'a step.ran',
+    ]);
+  });
+
+  it('a failed run in the list shows its blocked step and reason', () => {
+    const lines = listLines(
+      [
+        {
+          runId: 'r2',
+          planName: 'p',
+          tenantId: 'acme',
+          status: 'failed',
+          createdAt: 0,
+          endedAt: 1000,
+          durationMs: 1000,
+          waitingStep: null,
+          currentStep: null,
+          blockedStep: 'charge',
+          reason: 'tool_input_invalid',
+        },
+      ],
+      90_000,
+    );
+    expect(lines[1]).toMatch(/\sfailed\s.*\scharge \(failed: tool_input_invalid\)$/);
+  });
+
+  it('a Redis password is masked in repeated flags', () => {
+    expect(maskRedisUrl('redis://:secret@127.0.0.1:6390')).toBe('redis://:***@127.0.0.1:6390');
+    expect(maskRedisUrl('redis://ana:secret@h:1/2')).toBe('redis://ana:***@h:1/2');
+    expect(maskRedisUrl('redis://127.0.0.1:6390')).toBe('redis://127.0.0.1:6390');
+    expect(maskRedisUrl('not a url :secret@x')).toBe('<not a URL>');
+    const flags = repeatFlags({ redis: 'redis://:secret@h:1', prefix: 'p' });
+    expect(flags).toEqual(['--redis', 'redis://:***@h:1', '--prefix', 'p']);
+    const next = nextCommands('r1', join(process.cwd(), 'jobs/x.ts'), flags);
+    expect(`${next.worker} ${next.resume} ${next.note}`).not.toContain('secret');
+    expect(next.note).toContain('set REDIS_URL');
   });
 });
 

@@ -81,8 +81,11 @@ async function liveView(
           if (idle !== null && !state.getSnapshot().context.toldIdle.includes(idle.stepId)) {
             state.trigger.idleTold({ stepId: idle.stepId });
             if (options.json) {
-              const { worker, resume } = options.next;
-              line(JSON.stringify({ type: 'idle', ...idle, commands: { worker, resume } }));
+              const { worker, resume, note } = options.next;
+              const said = note === '' ? {} : { note: note.trim().slice(1, -1) };
+              line(
+                JSON.stringify({ type: 'idle', ...idle, commands: { worker, resume }, ...said }),
+              );
             } else line(idleLine(idle, options.next));
           }
           arm();

@@ -1,4 +1,6 @@
 /** `flujo status`, `events`, `ledger` and `usage`: reading a run (no job module needed). */
+import { runtimeCore } from '../../runtime.js';
+import type { StoredRunEvent } from '../../persistence/snapshot-store.js';
 import { checkRunId, connect, runModule, type Connection } from '../connect.js';
 import { repeatFlags, type Ctx } from '../context.js';
 import { ExitCode, badInput } from '../exit-codes.js';
@@ -6,10 +8,12 @@ import {
   attemptsOf,
   eventLine,
   exitCodeOf,
+  inTimeOrder,
   ledgerLines,
   nextCommands,
   statusLines,
   usageLines,
+  type RenderOptions,
 } from '../render.js';
 
 /** Connects for a command about the existing run `runId` (nothing is written if it does not exist). */
@@ -33,7 +37,13 @@ function noMoreArgs(ctx: Ctx, count: number): void {
   }
 }
 
-/** `flujo status <runId> [--json]`: exits with the run's code (0 succeeded or running, 1 failed, …). */
+/** `--full` and `--verbose`. */
+const renderOptions = (ctx: Ctx): RenderOptions => ({
+  full: ctx.values.full === true,
+  verbose: ctx.values.verbose === true,
+});
+
+/** `flujo status <runId> [--full] [--verbose] [--json]`: exits with the run's code (0 succeeded or running, 1 failed, …). */
 export async function cmdStatus(ctx: Ctx): Promise<number> {
   const runId = checkRunId(ctx.args[0], 'flujo status <runId>');
   noMoreArgs(ctx, 1);
@@ -51,25 +61,47 @@ export async function cmdStatus(ctx: Ctx): Promise<number> {
         report.idle === null
           ? undefined
           : nextCommands(runId, await runModule(conn, runId), repeatFlags(ctx.values));
-      for (const line of statusLines(report, attempts, next)) console.log(line);
+      for (const line of statusLines(report, attempts, next, renderOptions(ctx))) console.log(line);
     }
     return exitCodeOf(report);
   });
 }
 
-/** `flujo events <runId> [--follow] [--json]`: one line per event; `--follow` ends with the run. */
+/**
+ * `flujo events <runId> [--follow] [--full] [--verbose] [--json]`: one line per event;
+ * `--follow` ends with the run. The JSON lines come in stream (commit) order; the text lines in
+ * the order the events happened (their `at`): what is stored, then, with `--follow`, each commit's
+ * events as it lands.
+ */
 export async function cmdEvents(ctx: Ctx): Promise<number> {
   const runId = checkRunId(ctx.args[0], 'flujo events <runId>');
   noMoreArgs(ctx, 1);
+  const json = ctx.values.json === true;
+  const render = renderOptions(ctx);
+  const print = (batch: readonly StoredRunEvent[]) => {
+    for (const e of json ? batch : inTimeOrder(batch)) {
+      console.log(json ? JSON.stringify(e) : eventLine(e, render));
+    }
+  };
   return withRun(ctx, runId, async (conn) => {
     const stop = new AbortController();
     const onSignal = () => stop.abort();
     process.on('SIGINT', onSignal);
     process.on('SIGTERM', onSignal);
     try {
-      const options = { follow: ctx.values.follow === true, signal: stop.signal };
-      for await (const e of conn.runtime().events(runId, options)) {
-        console.log(ctx.values.json === true ? JSON.stringify(e) : eventLine(e));
+      const runtime = conn.runtime();
+      const core = runtimeCore(runtime);
+      // Read in batches (what is stored, then what each wake-up brings), each printed in order.
+      for (let after: string | undefined; ;) {
+        const batch: StoredRunEvent[] = [];
+        for await (const e of runtime.events(runId, after === undefined ? {} : { after })) {
+          batch.push(e);
+        }
+        print(batch);
+        after = batch.at(-1)?.id ?? after;
+        const finished = batch.some((e) => e.type === 'run.finished');
+        if (ctx.values.follow !== true || finished || stop.signal.aborted) break;
+        await core.watcher().next(core.keys.events(runId), after ?? '0-0', stop.signal);
       }
     } finally {
       process.off('SIGINT', onSignal);

@@ -8,6 +8,8 @@ import {
   parseConcurrency,
   parseJsonOption,
   repeatFlags,
+  hasMaskedPassword,
+  MASKED_PASSWORD_HINT,
   whoDecides,
   type Ctx,
 } from '../context.js';
@@ -100,11 +102,19 @@ export async function cmdRun(ctx: Ctx): Promise<number> {
         ...(requestKey === undefined ? {} : { requestKey }),
       });
       if (handle.created) await recordRunModule(conn, handle.runId, job.file);
-      const resume = resumeCommand(handle.runId, job.file, repeatFlags(v));
+      const flags = repeatFlags(v);
+      const resume = resumeCommand(handle.runId, job.file, flags);
+      const note = hasMaskedPassword(flags) ? MASKED_PASSWORD_HINT : undefined;
       // First: the run id and how to resume it, so a killed command loses nothing.
       if (json) {
         console.log(
-          JSON.stringify({ type: 'run', runId: handle.runId, created: handle.created, resume }),
+          JSON.stringify({
+            type: 'run',
+            runId: handle.runId,
+            created: handle.created,
+            resume,
+            ...(note === undefined ? {} : { note }),
+          }),
         );
       } else {
         const how = handle.created
@@ -112,6 +122,7 @@ export async function cmdRun(ctx: Ctx): Promise<number> {
           : `existing run of request key "${requestKey}"`;
         console.log(`run ${handle.runId} (${how})`);
         console.log(`resume: ${resume}`);
+        if (note !== undefined) console.log(`note: ${note}`);
       }
       if (!handle.created) {
         checkSamePlan(await handle.status(), job);

@@ -5,11 +5,22 @@ import { topologicalOrder } from '../../plan/graph.js';
 import { parsePlan } from '../../plan/parse-plan.js';
 import { stepNeedsApproval, type Plan } from '../../plan/schema.js';
 import { ExitCode } from '../exit-codes.js';
-import { loadJobModule } from '../job-module.js';
+import { loadJobModule, runSetup } from '../job-module.js';
+import type { Runtime } from '../../runtime.js';
 
-/** `flujo validate <job-module>`: loads and checks the module as run does (exit 2 with the fix). */
+/**
+ * `flujo validate <job-module>`: loads and checks the module as run does (exit 2 with the fix).
+ * Agents exported as a function are built as run builds them (after the module's setup, whose
+ * teardown then runs) and checked: their names, and their tools' inputs, which each model call
+ * sends as JSON Schema.
+ */
 async function validateModule(file: string, cwd: string, json: boolean): Promise<number> {
   const job = await loadJobModule(file, cwd);
+  if (job.agentsBuilder !== undefined) {
+    const registry = { agent: () => registry } as unknown as Pick<Runtime, 'agent'>;
+    const teardown = await runSetup(job, cwd, registry);
+    await teardown();
+  }
   if (json) console.log(JSON.stringify({ ok: true, plan: job.plan, module: job.path }));
   else {
     const names = Object.keys(job.operators).join(', ') || 'none';
