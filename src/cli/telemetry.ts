@@ -96,10 +96,20 @@ export async function startTelemetry(env: NodeJS.ProcessEnv): Promise<Telemetry 
   provider.register();
   return {
     async shutdown() {
+      // An unreachable collector holds the exit up to the exporter's timeout (its retries
+      // included): say so, rather than hang silently.
+      const slow = setTimeout(() => {
+        const timeout = env.OTEL_EXPORTER_OTLP_TRACES_TIMEOUT ?? env.OTEL_EXPORTER_OTLP_TIMEOUT;
+        process.stderr.write(
+          `flujo: still exporting spans to the OpenTelemetry collector; waiting for it at most ${timeout ?? '10000'} ms (OTEL_EXPORTER_OTLP_TIMEOUT)\n`,
+        );
+      }, 1000);
+      slow.unref();
       try {
         await spansRecorded();
         await provider.shutdown();
       } finally {
+        clearTimeout(slow);
         trace.disable();
       }
     },

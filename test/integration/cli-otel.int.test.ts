@@ -176,7 +176,7 @@ describe('flujo run, approve and resume with OTEL_EXPORTER_OTLP_ENDPOINT', () =>
     expect(duration(gates[0]!)).toBeLessThan(10_000);
     const draftEnd = ms(steps[1]!.endTimeUnixNano);
     expect(Math.abs(ms(gates[0]!.startTimeUnixNano) - draftEnd)).toBeLessThan(50);
-  });
+  }, 60_000);
 });
 
 describe('flujo worker', () => {
@@ -221,6 +221,23 @@ describe('flujo worker', () => {
   });
 });
 
+describe('an unreachable collector', () => {
+  it('the command says it waits for the export, then ends as the run did', async () => {
+    const r = await runFlujo(
+      ['run', LINE, '--run-id', 'otel-down'],
+      otelEnv({
+        OTEL_EXPORTER_OTLP_ENDPOINT: 'http://127.0.0.1:9',
+        OTEL_EXPORTER_OTLP_TIMEOUT: '3000',
+      }),
+    );
+    expect(r.code, r.err).toBe(0);
+    expect(r.out).toContain('run otel-down succeeded');
+    expect(r.err).toContain(
+      'flujo: still exporting spans to the OpenTelemetry collector; waiting for it at most 3000 ms',
+    );
+  });
+});
+
 describe('variables flujo cannot honour', () => {
   it.each([
     [{ OTEL_TRACES_EXPORTER: 'zipkin' }, 'OTEL_TRACES_EXPORTER="zipkin" names "zipkin"'],
@@ -254,5 +271,5 @@ describe('variables flujo cannot honour', () => {
     expect(on.code, on.err).toBe(0);
     expect(readFileSync(log, 'utf8')).toContain('@opentelemetry/sdk-trace-node');
     expect(posts.length).toBeGreaterThan(0);
-  });
+  }, 60_000);
 });
