@@ -167,6 +167,11 @@ export type {
 } from './persistence/snapshot-store.js';
 // Traces: a run as JSON (`runtime.trace`), and as an HTML timeline.
 export { renderTraceHtml } from './observability/trace-html.js';
+export {
+  runSpanIdGenerator,
+  spansRecorded,
+  type SpanIdGenerator,
+} from './observability/tracing.js';
 export type {
   AttemptOutcome,
   RunTrace,

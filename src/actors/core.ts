@@ -1,5 +1,6 @@
 import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
+import { commitSpans } from '../observability/commit-spans.js';
 import { createRunHost, type AppliedEvent, type RunHost } from './run-host.js';
 import type { Operator, StreamedText } from './execute-step.js';
 import type { RegisteredPolicy } from './policies.js';
@@ -175,6 +176,11 @@ export interface RunMeta {
   requestKey: string | null;
   /** The run's trace context (a W3C `traceparent`), or null for a run started without one. */
   trace: string | null;
+  /**
+   * The span the run's span is recorded under when the run ends ('' for none); null when its
+   * span was recorded at its start.
+   */
+  traceCaller: string | null;
   createdAt: number;
   /** What the start said about cached step outputs. */
   cache: RunCacheOptions;
@@ -305,7 +311,13 @@ export class RuntimeCore {
       codec: createSnapshotCodec<RunSnapshot>(runSnapshotCodec),
       clock: this.clock,
     });
-    this.host = createRunHost({ store: this.store });
+    this.host = createRunHost({
+      store: this.store,
+      onCommitted: commitSpans(async (runId) => {
+        const meta = await this.meta(runId);
+        return { ...meta, planName: meta.plan.name };
+      }),
+    });
     this.ledger = createLedger({ redis: this.redis, prefix: this.keys.prefix, clock: this.clock });
     this.runs = createRunIndex(this.redis, this.keys);
     this.activeRuns = createActiveRuns(this.redis, this.keys);
@@ -413,6 +425,7 @@ export class RuntimeCore {
       tenantId: raw['tenantId'] ?? this.tenantId,
       requestKey: raw['requestKey'] ?? null,
       trace: raw['trace'] ?? null,
+      traceCaller: raw['traceCaller'] ?? null,
       createdAt: Number(raw['createdAt'] ?? 0),
       cache: {
         allowCacheHit: raw['allowCacheHit'] === '1',

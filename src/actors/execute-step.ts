@@ -42,6 +42,7 @@ import type { ModelCallObservation, RunUsageBudget, UsageMeter } from './usage-m
 import { callGate, type CallGate, type CallToApprove } from './call-approval.js';
 import type { ReplayedEffect, ReplayedStep } from './replay-calls.js';
 import { traceAttempt } from '../observability/spans.js';
+import { tokenizerReady } from '../llm/tokens.js';
 
 /** What an operator receives. */
 export interface OperatorContext {
@@ -306,6 +307,8 @@ async function takeOneTurn(
   const gate = callGate(state);
   try {
     const agent = resolveAgent(deps, step);
+    // The worker builds the agents' tokenizers when it starts: the turn counts with them.
+    await tokenizerReady(agent.model);
     // Before every turn: a turn is the unit a granular step runs at a time.
     await enforceTaggedPolicies(deps.policies, step, {
       input: step.input === undefined ? args.runInput : step.input,
@@ -545,6 +548,7 @@ async function executeOnce(
           // Granular steps run one turn per job (see the worker's turn jobs), never here.
           throw new InvariantError(`granular step "${step.id}" was given to a step job`);
         }
+        await tokenizerReady(agent.model);
         const { attempt } = state;
         // An attempt that paused before replays the model replies its paused execution got.
         const replayed =

@@ -22,6 +22,7 @@ import type {
   SnapshotStore,
 } from '../persistence/snapshot-store.js';
 import type { RunEvent } from '../schemas/events.js';
+import type { CommittedEvents } from '../observability/commit-spans.js';
 import type { CommitObserver, CommittedRun, CreatedEvent } from '../observability/inspect.js';
 
 export type { CommitObserver, CommittedRun, CreatedEvent };
@@ -179,6 +180,11 @@ export interface RunHostOptions {
    * @defaultValue 512
    */
   openRuns?: number;
+  /**
+   * Called after each commit of an event (not a creation) with the snapshot before, the events
+   * and the snapshot committed. It must not throw. @defaultValue none
+   */
+  onCommitted?: (commit: CommittedEvents) => void;
 }
 
 /**
@@ -310,6 +316,7 @@ export function createRunHost({
   store,
   maxConflicts = 50,
   openRuns = 512,
+  onCommitted,
 }: RunHostOptions): RunHost {
   const open = new OpenRuns(openRuns);
   const observers = new Set<CommitObserver>();
@@ -447,6 +454,7 @@ export function createRunHost({
           };
           open.put(runId, next.version, run, carrier, outputsMissing);
           if (observers.size > 0) notify({ runId, before: envelope.snapshot, fed });
+          onCommitted?.({ runId, before: envelope.snapshot, events: valid, after: t.snapshot });
           return { envelope: next, transition: t, committed: true };
         } catch (error) {
           run.close();

@@ -252,6 +252,20 @@ async function dispatch(command: string, ctx: Ctx): Promise<number> {
   }
 }
 
+/** The commands that change runs: they record spans when the OpenTelemetry variables ask. */
+const TRACED = new Set([
+  'run',
+  'resume',
+  'worker',
+  'approve',
+  'reject',
+  'skip',
+  'cancel',
+  'ledger',
+  'replay',
+  'ui',
+]);
+
 /** Turns any error into its one-line message and exit code. */
 function report(command: string, error: unknown): number {
   const say = (message: string) => console.error(`flujo ${command}: ${message}`);
@@ -331,9 +345,13 @@ export async function main(
     );
     return ExitCode.badInput;
   }
+  let telemetry;
   try {
+    if (TRACED.has(command)) telemetry = await (await import('./telemetry.js')).startTelemetry(env);
     return await dispatch(command, { args, values, cwd, env });
   } catch (error) {
     return report(command, error);
+  } finally {
+    await telemetry?.shutdown().catch(() => {});
   }
 }

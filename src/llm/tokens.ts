@@ -61,6 +61,76 @@ export function encoderFor(encoding: TokenEncoding): Tiktoken {
   return encoder;
 }
 
+/** Whether the process-wide encoder of `encoding` is built. */
+export function encodingLoaded(encoding: TokenEncoding): boolean {
+  return encoders.has(encoding);
+}
+
+/** How long one slice of a background build may hold the event loop, in ms. */
+const SLICE_MS = 5;
+const yieldToLoop = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
+
+/**
+ * Builds an encoder as `new Tiktoken(ranks)` does, but a slice of its ranks at a time, yielding
+ * to the event loop between slices, so that a process goes on serving while it builds (building
+ * one at once holds the loop for a second or more). It fills the maps js-tiktoken encodes from;
+ * a js-tiktoken without them gets its encoder built at once.
+ */
+async function buildInSlices(encoding: TokenEncoding): Promise<Tiktoken> {
+  const ranks = RANKS[encoding];
+  const encoder = new Tiktoken({ ...ranks, bpe_ranks: '' });
+  const { rankMap, textMap } = encoder as unknown as { rankMap?: unknown; textMap?: unknown };
+  if (!(rankMap instanceof Map) || !(textMap instanceof Map)) return new Tiktoken(ranks);
+  let since = performance.now();
+  for (const line of ranks.bpe_ranks.split('\n')) {
+    if (line === '') continue;
+    const [, offsetText, ...tokens] = line.split(' ');
+    const offset = Number.parseInt(offsetText ?? '', 10);
+    for (let i = 0; i < tokens.length; i++) {
+      const bytes = new Uint8Array(Buffer.from(tokens[i]!, 'base64'));
+      rankMap.set(bytes.join(','), offset + i);
+      textMap.set(offset + i, bytes);
+      if ((i & 1023) === 1023 && performance.now() - since > SLICE_MS) {
+        await yieldToLoop();
+        since = performance.now();
+      }
+    }
+  }
+  return encoder;
+}
+
+const building = new Map<TokenEncoding, Promise<void>>();
+
+/**
+ * Builds the encoders the models use, in the background (see {@link buildInSlices}); resolves
+ * when they are built. A count asked for meanwhile builds its encoder at once, as without it.
+ */
+export function preloadTokenizers(models: Iterable<string>): Promise<void> {
+  const pending: Promise<void>[] = [];
+  for (const model of models) {
+    const encoding = encodingForModel(model);
+    if (encoding === null || encoders.has(encoding)) continue;
+    let build = building.get(encoding);
+    if (build === undefined) {
+      build = buildInSlices(encoding)
+        .then((encoder) => {
+          if (!encoders.has(encoding)) encoders.set(encoding, encoder);
+        })
+        .finally(() => building.delete(encoding));
+      building.set(encoding, build);
+    }
+    pending.push(build);
+  }
+  return Promise.all(pending).then(() => {});
+}
+
+/** Resolves when the background build of `model`'s encoder, if one is under way, has ended. */
+export function tokenizerReady(model: string): Promise<void> {
+  const encoding = encodingForModel(model);
+  const build = encoding === null ? undefined : building.get(encoding);
+  return build === undefined ? Promise.resolve() : build.catch(() => {});
+}
+
 /**
  * Pieces (the encoding's pre-split of a text) longer than this many UTF-16 code units are counted
  * in slices of this length. js-tiktoken merges a piece in quadratic time: 2,000 CJK characters

@@ -6,6 +6,9 @@
  * `traceparent`: trace id and the id of the `flujo.run` span) is made when the run starts and
  * stored with the run; every span of a step attempt or a granular turn uses it as a remote parent,
  * and the spans inside (turns, model calls, tool calls) nest under the span that is current.
+ * What outlives a process (the run itself, a wait for a person, a retry's backoff) is recorded
+ * after the fact, with its start and end times from the run's committed facts, by the process
+ * that commits its end.
  * The current span is kept in this module's own async context, so the tree is right even when the
  * application registered no context manager; it is also made the active OpenTelemetry context, so
  * a tool's own spans nest under its `execute_tool` span when one is registered.
@@ -24,6 +27,7 @@ import {
   type Attributes,
   type Context,
   type Span,
+  type SpanOptions,
   type Tracer,
 } from '@opentelemetry/api';
 
@@ -119,28 +123,195 @@ function traceparentOf(span: Span | undefined): string {
 /** The start of a run's trace: its `traceparent` to store with the run, and its span to end. */
 export interface RunTraceStart {
   traceparent: string;
+  /**
+   * Where the `flujo.run` span is recorded: null when it was recorded at the start (it covers the
+   * start only: the SDK chose its own ids); else it is recorded when the run ends, under the span
+   * this `traceparent` names ('' for none: the run span is the root of its trace). Stored with the
+   * run, so that the process that commits the run's end can record it.
+   */
+  caller: string | null;
   end(error?: unknown): void;
 }
 
+/** Ids the next span this process starts must take (see {@link runSpanIdGenerator}). */
+let pinned: { traceId: string; spanId: string } | undefined;
+
+/** The id generator of an OpenTelemetry SDK's tracer provider (its `idGenerator` option). */
+export interface SpanIdGenerator {
+  generateTraceId(): string;
+  generateSpanId(): string;
+}
+
 /**
- * Starts the `flujo.run` span of a new run (a child of the caller's active span, if any) and
- * returns the `traceparent` every later span of the run descends from. The span covers the start
- * itself; the run's work is in its descendants.
+ * An id generator for the tracer provider of an OpenTelemetry SDK (`new NodeTracerProvider({
+ * idGenerator: runSpanIdGenerator() })`): random ids, but for a `flujo.run` span, which takes the
+ * ids chosen when its run started. With it, a run's span is recorded when the run ends and covers
+ * the run from its start to its end (the run's other spans are its children); without it, the run
+ * span is recorded when the run starts and covers only the start.
+ */
+export function runSpanIdGenerator(): SpanIdGenerator {
+  return {
+    generateTraceId: () => pinned?.traceId ?? randomHex(16),
+    generateSpanId: () => pinned?.spanId ?? randomHex(8),
+  };
+}
+
+/** Starts a span that should take `ids`; `pinned` says whether the SDK gave it those ids. */
+function startPinned(
+  tracer: Tracer,
+  name: string,
+  options: SpanOptions,
+  parent: Context,
+  ids: { traceId: string; spanId: string },
+): { span: Span; pinned: boolean } {
+  pinned = ids;
+  let span: Span;
+  try {
+    span = tracer.startSpan(name, options, parent);
+  } finally {
+    pinned = undefined;
+  }
+  const sc = span.spanContext();
+  return { span, pinned: sc.traceId === ids.traceId && sc.spanId === ids.spanId };
+}
+
+const flagsHex = (flags: number): string => flags.toString(16).padStart(2, '0');
+
+/**
+ * Chooses the trace context of a new run (its trace id is the caller's, when the caller's active
+ * span is valid) and returns the `traceparent` every later span of the run descends from. The
+ * `flujo.run` span with those ids is recorded when the run ends, by the process that commits the
+ * end ({@link recordRunSpan}), if its SDK lets a span take chosen ids ({@link runSpanIdGenerator});
+ * if the SDK here does not, the span is recorded now, with the ids the SDK gave it, and covers the
+ * start only.
  */
 export function startRunTrace(runId: string, attributes: Attributes = {}): RunTraceStart {
-  const span = sdkTracer()?.startSpan(
-    'flujo.run',
-    { kind: SpanKind.INTERNAL, attributes: { [Attr.runId]: runId, ...attributes } },
-    otelContext.active(),
-  );
+  const tracer = sdkTracer();
+  const parent = otelContext.active();
+  const callerContext = trace.getSpanContext(parent);
+  const caller =
+    callerContext !== undefined && isSpanContextValid(callerContext) ? callerContext : undefined;
+  const ids = { traceId: caller?.traceId ?? randomHex(16), spanId: randomHex(8) };
+  let flags = caller?.traceFlags ?? TraceFlags.SAMPLED;
+  if (tracer !== undefined) {
+    const started = startPinned(
+      tracer,
+      'flujo.run',
+      { kind: SpanKind.INTERNAL, attributes: { [Attr.runId]: runId, ...attributes } },
+      parent,
+      ids,
+    );
+    const { span } = started;
+    if (!started.pinned) {
+      return {
+        traceparent: traceparentOf(span),
+        caller: null,
+        end: (error) => {
+          if (error !== undefined) fail(span, error);
+          span.end();
+        },
+      };
+    }
+    // The SDK takes chosen ids: this span only asked for the sampling decision, and is dropped
+    // unended (never exported); the run's span is recorded when the run ends.
+    flags = span.spanContext().traceFlags;
+  }
   return {
-    traceparent: traceparentOf(span),
-    end: (error) => {
-      if (span === undefined) return;
-      if (error !== undefined) fail(span, error);
-      span.end();
-    },
+    traceparent: `00-${ids.traceId}-${ids.spanId}-${flagsHex(flags)}`,
+    caller: caller === undefined ? '' : `00-${caller.traceId}-${caller.spanId}-${flagsHex(flags)}`,
+    end: () => {},
   };
+}
+
+// Spans recorded after the fact wait for a read of the run's meta: a process that shuts its SDK
+// down awaits them first ({@link spansRecorded}).
+const recording = new Set<Promise<void>>();
+
+/** Runs `record` (which records spans) and keeps its promise until it settles. @internal */
+export function recordLater(record: Promise<void>): void {
+  const p = record.catch(() => {}).finally(() => recording.delete(p));
+  recording.add(p);
+}
+
+/** Resolves when the spans this process is about to record (a run's end, a wait) are recorded. */
+export async function spansRecorded(): Promise<void> {
+  while (recording.size > 0) await Promise.all(recording);
+}
+
+/** True when an SDK is registered: spans are recorded. @internal */
+export function tracingEnabled(): boolean {
+  return sdkTracer() !== undefined;
+}
+
+/** What a run came to, for its span (see {@link recordRunSpan}). */
+export interface RunSpanFacts {
+  runId: string;
+  /** The run's `traceparent` and its caller, as {@link startRunTrace} returned them. */
+  traceparent: string;
+  caller: string;
+  /** Epoch ms. */
+  start: number;
+  end: number;
+  status: string;
+  attributes?: Attributes;
+}
+
+/**
+ * Records the `flujo.run` span of a run that ended, from its start to its end, with the ids its
+ * start chose (so the run's spans are its children). Records nothing without an SDK, or when the
+ * SDK gives spans ids of its own (the span would be no one's parent).
+ */
+export function recordRunSpan(facts: RunSpanFacts): void {
+  const tracer = sdkTracer();
+  const m = TRACEPARENT.exec(facts.traceparent);
+  if (tracer === undefined || m === null) return;
+  const parent = facts.caller === '' ? ROOT_CONTEXT : (remoteParent(facts.caller) ?? ROOT_CONTEXT);
+  const { span, pinned: tookIds } = startPinned(
+    tracer,
+    'flujo.run',
+    {
+      kind: SpanKind.INTERNAL,
+      startTime: facts.start,
+      attributes: {
+        [Attr.runId]: facts.runId,
+        ...facts.attributes,
+        'flujo.run.status': facts.status,
+      },
+    },
+    parent,
+    { traceId: m[1]!, spanId: m[2]! },
+  );
+  if (!tookIds) return;
+  if (facts.status === 'failed') markFailed(span, 'the run failed');
+  span.end(facts.end);
+}
+
+/** A wait of a run (for a person's decision, or a retry's backoff), with its times. */
+export interface WaitSpanFacts {
+  name: string;
+  traceparent: string;
+  ids: SpanIds;
+  /** Epoch ms. */
+  start: number;
+  end: number;
+  attributes?: Attributes;
+}
+
+/** Records a span of a wait that ended, a child of the run's span, from its start to its end. */
+export function recordWaitSpan(facts: WaitSpanFacts): void {
+  const tracer = sdkTracer();
+  const parent = remoteParent(facts.traceparent);
+  if (tracer === undefined || parent === undefined) return;
+  const span = tracer.startSpan(
+    facts.name,
+    {
+      kind: SpanKind.INTERNAL,
+      startTime: facts.start,
+      attributes: { ...idAttributes(facts.ids), ...facts.attributes },
+    },
+    parent,
+  );
+  span.end(Math.max(facts.start, facts.end));
 }
 
 /** How {@link traced} starts and ends its span. */

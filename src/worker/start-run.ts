@@ -147,7 +147,11 @@ export async function launchRun(
     'flujo.tenant_id': tenantId,
   });
   try {
-    const stored = { ...meta, trace: runTrace.traceparent };
+    const stored = {
+      ...meta,
+      trace: runTrace.traceparent,
+      ...(runTrace.caller === null ? {} : { traceCaller: runTrace.caller }),
+    };
     created = await core.host.create(runId, plan, at, stored);
     runTrace.end();
     // Its workers in this process need not read back what it was started with.

@@ -18,6 +18,7 @@ import type { RuntimeCore } from '../actors/core.js';
 import { JobName, type JobData } from '../actors/jobs.js';
 import { processStartJob } from './start-job.js';
 import { createWorkerRegistry, type UnitEnd, type WorkerStatus } from './registry.js';
+import { preloadTokenizers } from '../llm/tokens.js';
 
 /** Options of a worker. */
 export interface WorkerOptions {
@@ -183,6 +184,11 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     autorun: false,
   });
   worker.on('error', () => {});
+
+  // The first agent step would build its model's tokenizer (a second or more): built now, in
+  // the background, while the worker gets ready and waits for work.
+  const models = [...core.agents.values()].map((agent) => agent.model);
+  if (models.length > 0) void preloadTokenizers(models).catch(() => {});
 
   const ready = (async () => {
     await subscriber.subscribe(core.abortChannel());

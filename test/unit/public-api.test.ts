@@ -11,6 +11,9 @@ const userFacing = [
   'startUi',
   'createDefaultLogger',
   'silentLogger',
+  // spans: the run's span over the whole run with an SDK of the application's own
+  'runSpanIdGenerator',
+  'spansRecorded',
   // tools and agents
   'defineTool',
   'defineAgent',
@@ -165,9 +168,11 @@ const everyValue = [
   'runEventSchema',
   'runMachine',
   'runQueue',
+  'runSpanIdGenerator',
   'runStatus',
   'runSteps',
   'silentLogger',
+  'spansRecorded',
   'startJobDataSchema',
   'startRun',
   'startUi',

@@ -1,6 +1,7 @@
 /** `flujo run`, `flujo resume` and `flujo worker`: the commands that execute a job module's runs. */
 import { describePlanDifferences, diffPlans } from '../../plan/diff.js';
 import type { Plan } from '../../plan/schema.js';
+import { preloadTokenizers } from '../../llm/tokens.js';
 import { runExists } from '../../persistence/run-lookups.js';
 import type { Runtime, RunReport } from '../../runtime.js';
 import { checkRunId, connect, recordRunModule, type Connection } from '../connect.js';
@@ -34,6 +35,9 @@ async function withJob(
   body: (conn: Connection, runtime: Runtime) => Promise<number>,
   existingRun?: string,
 ): Promise<number> {
+  // A worker builds its agents' tokenizers when it starts; started here, the build also goes on
+  // while the command connects and starts the run (agents built by setup are the worker's).
+  if (job.agents.length > 0) void preloadTokenizers(job.agents.map((a) => a.model)).catch(() => {});
   const conn = await connect({
     ...ctx.values,
     cwd: ctx.cwd,
