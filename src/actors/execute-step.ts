@@ -16,7 +16,7 @@ import type { CacheSource } from '../machines/types.js';
 import { agentStepSchema, type AgentStep, type PlanStep } from '../plan/schema.js';
 import type { ChatMessage, ModelReply } from '../llm/messages.js';
 import type { FingerprintStore } from '../persistence/fingerprint-store.js';
-import type { ModelJournal } from '../persistence/model-journal.js';
+import type { JournaledCall, ModelJournal } from '../persistence/model-journal.js';
 import type { Ledger } from '../persistence/ledger.js';
 import {
   callTool,
@@ -30,7 +30,13 @@ import type { ToolRegistry } from '../tools/registry.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
 import type { ModelClient } from '../llm/openai-client.js';
 import { actionCallId, actionKeyOf, actionLedgerScope, keyInputValue } from './action-keys.js';
-import { runAtomicAgent, takeTurn, type AgentLoopDeps, type TurnResult } from './run-agent.js';
+import {
+  runAtomicAgent,
+  takeTurn,
+  type AgentLoopDeps,
+  type AttemptCallJournal,
+  type TurnResult,
+} from './run-agent.js';
 import {
   enforcePolicy,
   enforceTaggedPolicies,
@@ -251,6 +257,28 @@ function resolveAgent(deps: StepExecutionDeps, step: AgentStep): AgentDefinition
 }
 
 /**
+ * The journal of the model calls of attempt `attempt` of the atomic step: its records are read
+ * once, in one round trip, when the execution first asks for one (an execution that runs the
+ * attempt for the first time finds none).
+ */
+function attemptJournal(
+  journal: ModelJournal,
+  runId: string,
+  step: AgentStep,
+  attempt: number,
+): AttemptCallJournal {
+  let recorded: Promise<(JournaledCall | null)[]> | undefined;
+  return {
+    get: async (call) => {
+      recorded ??= journal.attemptCalls(runId, step.id, attempt, step.maxTurns);
+      return (await recorded)[call] ?? null;
+    },
+    record: (call, request, reply) =>
+      journal.recordCall(runId, step.id, attempt, call, request, reply),
+  };
+}
+
+/**
  * The failure a thrown value stands for, or the budget stop of the run it is (the exception choke
  * point). A step's own budget is a final failure of the step, not a stop of the run. An execution
  * that stopped at a call waiting for approval pauses, whatever it threw after that.
@@ -331,6 +359,7 @@ async function takeOneTurn(
         runId,
         tenantId,
         attempt: state.attempt,
+        pause: state.pauses ?? 0,
         signal,
         turn: args.turn,
         cursor: state.agent?.cursor ?? 0,
@@ -546,16 +575,10 @@ async function executeOnce(
           throw new InvariantError(`granular step "${step.id}" was given to a step job`);
         }
         const { attempt } = state;
-        // An attempt that paused before replays the model replies its paused execution got.
-        const replayed =
-          state.pauses > 0 ? await deps.journal.attemptReplies(runId, step.id, attempt) : [];
         return await runAtomicAgent(
           {
             ...loopDeps(deps, { runId, step, attempt }, gate, calls),
-            pauseJournal: {
-              replayed,
-              save: (replies) => deps.journal.recordAttempt(runId, step.id, attempt, replies),
-            },
+            callJournal: attemptJournal(deps.journal, runId, step, attempt),
           },
           {
             agent,
@@ -564,6 +587,7 @@ async function executeOnce(
             runId,
             tenantId,
             attempt: state.attempt,
+            pause: state.pauses ?? 0,
             signal,
             ...(deps.budget === undefined ? {} : { budget: deps.budget }),
             ...(primaryError === null ? {} : { feedback: fallbackFeedback(primaryError) }),

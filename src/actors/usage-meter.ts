@@ -46,6 +46,12 @@ export interface MeteredCall {
   stepId: string;
   /** The turn the call is for (0-based). */
   turn: number;
+  /**
+   * The step's attempt, and how many times it paused before, whose execution makes the call: part
+   * of the reservation's id (see {@link reservationUnit}). @defaultValue not recorded
+   */
+  attempt?: number;
+  pause?: number;
   /** The conversation as sent, after the system prompt. */
   messages: readonly ChatMessage[];
   budget: RunUsageBudget | undefined;
@@ -217,7 +223,7 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
     const { tenantId, runId, stepId, turn } = call;
     try {
       return await quota.reserve({
-        reservationId: `${stepId}:${turn}:${randomUUID()}`,
+        reservationId: reservationIdOf(call),
         tenantId,
         runId,
         stepId,
@@ -440,6 +446,28 @@ interface Ahead {
 }
 
 const aheadKey = (runId: string, stepId: string): string => `${runId}\n${stepId}`;
+
+/**
+ * A fresh reservation id for `call`: `<stepId>:<turn>:<uuid>`, or, when the call names its
+ * attempt, `<stepId>:<turn>:a<attempt>p<pause>:<uuid>`, so that the reservations an execution
+ * made can be told from those of another execution of the step (see {@link reservationUnit}).
+ */
+function reservationIdOf(call: MeteredCall): string {
+  const { stepId, turn, attempt } = call;
+  const unit = attempt === undefined ? '' : `a${attempt}p${call.pause ?? 0}:`;
+  return `${stepId}:${turn}:${unit}${randomUUID()}`;
+}
+
+const UNIT_OF_ID = /^[^:]+:\d+:a(\d+)p(\d+):/;
+
+/**
+ * The attempt, and the pauses before it, of the execution that made reservation `id`; null for
+ * an id that does not say (made by an earlier release, or for a call that named no attempt).
+ */
+export function reservationUnit(id: string): { attempt: number; pause: number } | null {
+  const m = UNIT_OF_ID.exec(id);
+  return m === null ? null : { attempt: Number(m[1]), pause: Number(m[2]) };
+}
 
 function limitsOf(budget: RunUsageBudget | undefined): UsageLimits {
   return {
