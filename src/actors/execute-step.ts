@@ -31,7 +31,9 @@ import type { AgentDefinition } from '../agents/define-agent.js';
 import type { ModelClient } from '../llm/openai-client.js';
 import { actionCallId, actionKeyOf, actionLedgerScope, keyInputValue } from './action-keys.js';
 import {
+  claimFingerprint,
   runAtomicAgent,
+  stepFingerprint,
   takeTurn,
   type AgentLoopDeps,
   type AttemptCallJournal,
@@ -128,7 +130,7 @@ export interface StepExecutionDeps {
   storeResult?: StoreResult;
   /** The run's usage budget. */
   budget?: RunUsageBudget;
-  /** The runtime's `policyVersion`, part of a granular step's fingerprint. */
+  /** The runtime's `policyVersion`, part of an agent step's fingerprint. */
   policyVersion?: string | undefined;
   /** Told how each tool call of the execution went (`turn` in an agent step). */
   onToolCall?: (call: ToolCallObservation & { turn?: number }) => void;
@@ -575,6 +577,14 @@ async function executeOnce(
           throw new InvariantError(`granular step "${step.id}" was given to a step job`);
         }
         const { attempt } = state;
+        const input = agentInput(step, runInput, depOutputs);
+        // Before the attempt persists anything: an execution under another configuration than
+        // the step's first one (a resume after a crash or a pause) runs nothing.
+        const current = stepFingerprint(agent, step, input, {
+          price: deps.meter?.priceOf(agent.model) ?? null,
+          policyVersion: deps.policyVersion,
+        });
+        await claimFingerprint(deps.fingerprints, runId, step.id, current, primaryError !== null);
         return await runAtomicAgent(
           {
             ...loopDeps(deps, { runId, step, attempt }, gate, calls),
@@ -583,7 +593,7 @@ async function executeOnce(
           {
             agent,
             step,
-            input: agentInput(step, runInput, depOutputs),
+            input,
             runId,
             tenantId,
             attempt: state.attempt,

@@ -259,7 +259,7 @@ export function takeJournaled(recorded: JournaledCall | null, request: string): 
   return recorded.request === null || recorded.request === request ? recorded.reply : null;
 }
 
-/** What shapes a granular step's turns beyond its agent and step: the runtime's settings. */
+/** What shapes an agent step's model calls beyond its agent and step: the runtime's settings. */
 export interface FingerprintSettings {
   /** The price the agent's model is charged at (null: none configured). */
   price?: ModelPrice | null;
@@ -267,7 +267,7 @@ export interface FingerprintSettings {
   policyVersion?: string | undefined;
 }
 
-/** The fingerprint a granular step's turns run under. */
+/** The fingerprint an agent step's turns (granular) or attempts (atomic) run under. */
 export function stepFingerprint(
   agent: AgentDefinition,
   step: AgentStep,
@@ -333,6 +333,31 @@ function computeFingerprint(
     },
     mode: step.mode,
   });
+}
+
+/**
+ * Claims the step's fingerprint (see `FingerprintStore.claim`): records `current` unless the step
+ * has one, and throws the irrecoverable `ResumeError` naming the first changed field when the one
+ * recorded first differs. Called before the step persists anything, so that from its first
+ * reservation, journal entry or held tool call on, an execution under another configuration
+ * (system prompt, model, tools, settings, input, price, `policyVersion`, …) runs nothing.
+ */
+export async function claimFingerprint(
+  store: FingerprintStore,
+  runId: string,
+  stepId: string,
+  current: AgentFingerprint,
+  fallback = false,
+): Promise<void> {
+  const stored = await store.claim(runId, stepId, current, fallback);
+  if (stored.hash === current.hash) return;
+  const changed = compareFingerprints(stored, current);
+  throw changed === null
+    ? new ResumeError(
+        `Cannot resume step "${stepId}" of run "${runId}": its fingerprint changed since the step started (what changed is not on record); start a new run, or restore the agent and step as they were.`,
+        { recoverable: false, runId, stepId },
+      )
+    : ResumeError.fingerprintMismatch(changed.field, { runId, stepId });
 }
 
 /** What a granular turn needs beyond an agent loop's needs. */
@@ -409,7 +434,10 @@ export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResu
         )
       : ResumeError.fingerprintMismatch(changed.field, { runId, stepId: step.id });
   }
-  if (args.fingerprint === null) await deps.fingerprints.save(runId, step.id, current);
+  // Before the turn persists anything (its reservation, its journaled reply, a held call): the
+  // first turn of the step claims the fingerprint, or finds the one an execution of it that did
+  // not commit claimed (a crash, a pause for an approval), which it must match like later turns.
+  if (args.fingerprint === null) await claimFingerprint(deps.fingerprints, runId, step.id, current);
 
   const history = cursor === 0 ? [] : await deps.readHistory(runId, step.id, cursor);
   const added: ChatMessage[] = turn === 0 ? [userMessage(args.input)] : [];
