@@ -512,7 +512,7 @@ export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResu
       stepId: step.id,
       turn: turn + 1,
       attempt: args.attempt,
-      pause: 0,
+      pause: args.pause ?? 0,
       messages,
       budget: args.budget,
       stepBudget: step.budgets,

@@ -20,6 +20,7 @@ import {
   type ModelError,
 } from '../errors.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
+import { debugPoint, DebugPoint } from '../internal/debug-points.js';
 import { toolParametersSchema } from '../agents/tool-schema.js';
 import type { Logger } from '../logging.js';
 import type { ChatMessage, ModelReply } from '../llm/messages.js';
@@ -57,7 +58,10 @@ export interface MeteredCall {
   budget: RunUsageBudget | undefined;
   /** The step's own `budgets.maxTokens` / `maxCostUsd`, over all its calls in the run. */
   stepBudget?: RunUsageBudget | undefined;
-  /** Told how the call went once it is reconciled (e.g. to record it in the run's events). */
+  /**
+   * Told how the call went once it is reconciled (e.g. to record it in the run's events); not told
+   * of a call that sent nothing (its reservation released).
+   */
   observe?: (call: ModelCallObservation) => void;
   /**
    * Given a reply once its reconcile is on the connection, before the reconcile's answer is
@@ -72,7 +76,10 @@ export interface ModelCallObservation {
   reservationId: string;
   model: string;
   turn: number;
-  /** How the reservation was reconciled: `usage`, `baseline` (sent, no reply) or `none`. */
+  /**
+   * How the reservation was reconciled: `usage` or `baseline` (sent, no reply). (`none`, nothing
+   * sent, is not observed; events an earlier release recorded may carry it.)
+   */
   charged: 'usage' | 'baseline' | 'none';
   inputTokens: number;
   outputTokens: number;
@@ -352,6 +359,7 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
 
     async call(call, send) {
       const { agent, tenantId, runId, stepId, turn } = call;
+      debugPoint(DebugPoint.beforeReserve, `${stepId}:${turn}`);
       const price = resolvePrice(pricing, agent.model, { strict });
       const held = take(runId, stepId, turn);
       let estimate: Figures['estimate'];
@@ -375,6 +383,7 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
           reservation.id,
         );
       }
+      debugPoint(DebugPoint.afterReserve, `${stepId}:${turn}`);
       let sent = false;
       const sentAt = performance.now();
       // The mark goes out on the Redis connection as the request goes out on HTTP, without
@@ -415,16 +424,19 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
           call.alongside({ ...reply, reservationId: reservation.id });
         }
         await reconciled;
-        call.observe?.({
-          reservationId: reservation.id,
-          model: agent.model,
-          turn,
-          charged: outcome.kind,
-          inputTokens: outcome.kind === 'usage' ? outcome.inputTokens : 0,
-          outputTokens: outcome.kind === 'usage' ? outcome.outputTokens : 0,
-          costUsd: outcome.kind === 'usage' ? outcome.microUsd / 1_000_000 : 0,
-          durationMs: Math.round((performance.now() - sentAt) * 1000) / 1000,
-        });
+        // A call that sent nothing is no model call: its reservation is released, not observed.
+        if (outcome.kind !== 'none') {
+          call.observe?.({
+            reservationId: reservation.id,
+            model: agent.model,
+            turn,
+            charged: outcome.kind,
+            inputTokens: outcome.kind === 'usage' ? outcome.inputTokens : 0,
+            outputTokens: outcome.kind === 'usage' ? outcome.outputTokens : 0,
+            costUsd: outcome.kind === 'usage' ? outcome.microUsd / 1_000_000 : 0,
+            durationMs: Math.round((performance.now() - sentAt) * 1000) / 1000,
+          });
+        }
       }
     },
   };
