@@ -48,6 +48,7 @@ import type { CallToApprove } from './call-approval.js';
 import {
   checkTaggedPolicies,
   executeStep,
+  fallbackStep,
   executeTurn,
   type StepExecutionDeps,
   type StepResult,
@@ -244,12 +245,24 @@ export function executionDepsFor(host: UnitHost, meta: RunMeta): StepExecutionDe
   };
 }
 
-/** What an agent step's units record beyond their own calls (see {@link startUnit}). */
-function agentUnit(host: UnitHost, meta: RunMeta, step: PlanStep): AgentUnit | undefined {
-  if (step.kind !== 'agent') return undefined;
-  const agent = host.core.agents.get(step.agent);
+/**
+ * What an agent's units record beyond their own calls (see {@link startUnit}): a turn of a
+ * granular step, or a step attempt run whole (an atomic step, or a fallback agent, which runs
+ * atomically); undefined for a unit that runs no agent.
+ */
+function agentUnit(
+  host: UnitHost,
+  meta: RunMeta,
+  step: PlanStep,
+  state: StepState,
+  turn?: number,
+): AgentUnit | undefined {
+  const fallback = state.fallback?.active === true ? fallbackStep(step) : null;
+  const runs = fallback ?? step;
+  if (runs.kind !== 'agent') return undefined;
+  const agent = host.core.agents.get(runs.agent);
   if (agent === undefined) return undefined;
-  return { tenantId: meta.tenantId, agent, mode: step.mode };
+  return { tenantId: meta.tenantId, agent, mode: turn === undefined ? 'atomic' : 'granular' };
 }
 
 /** In a run that replays another: where the step's tool calls find the original's receipts. */
@@ -922,7 +935,7 @@ export async function runStepUnit(
     stepId,
     undefined,
     admitted.noted,
-    agentUnit(host, meta, step),
+    agentUnit(host, meta, step, state),
   );
   const where = { step, state, runId, tenantId: meta.tenantId, runInput: meta.input, depOutputs };
   const deps = executionDepsFor(host, meta);
@@ -1027,7 +1040,7 @@ async function turnUnit(
     stepId,
     turn,
     admitted.noted,
-    agentUnit(host, meta, step),
+    agentUnit(host, meta, step, state, turn),
   );
   const outcome = await guardUnit(host, { runId, stepId, attempt }, jobSignal, limit, (signal) =>
     executeTurn(
