@@ -16,7 +16,7 @@ import type { CacheSource } from '../machines/types.js';
 import { agentStepSchema, type AgentStep, type PlanStep } from '../plan/schema.js';
 import type { ChatMessage, ModelReply } from '../llm/messages.js';
 import type { FingerprintStore } from '../persistence/fingerprint-store.js';
-import type { ModelJournal } from '../persistence/model-journal.js';
+import type { JournaledCall, ModelJournal } from '../persistence/model-journal.js';
 import type { Ledger } from '../persistence/ledger.js';
 import {
   callTool,
@@ -30,7 +30,15 @@ import type { ToolRegistry } from '../tools/registry.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
 import type { ModelClient } from '../llm/openai-client.js';
 import { actionCallId, actionKeyOf, actionLedgerScope, keyInputValue } from './action-keys.js';
-import { runAtomicAgent, takeTurn, type AgentLoopDeps, type TurnResult } from './run-agent.js';
+import {
+  claimFingerprint,
+  runAtomicAgent,
+  stepFingerprint,
+  takeTurn,
+  type AgentLoopDeps,
+  type AttemptCallJournal,
+  type TurnResult,
+} from './run-agent.js';
 import {
   enforcePolicy,
   enforceTaggedPolicies,
@@ -123,7 +131,7 @@ export interface StepExecutionDeps {
   storeResult?: StoreResult;
   /** The run's usage budget. */
   budget?: RunUsageBudget;
-  /** The runtime's `policyVersion`, part of a granular step's fingerprint. */
+  /** The runtime's `policyVersion`, part of an agent step's fingerprint. */
   policyVersion?: string | undefined;
   /** Told how each tool call of the execution went (`turn` in an agent step). */
   onToolCall?: (call: ToolCallObservation & { turn?: number }) => void;
@@ -252,6 +260,28 @@ function resolveAgent(deps: StepExecutionDeps, step: AgentStep): AgentDefinition
 }
 
 /**
+ * The journal of the model calls of attempt `attempt` of the atomic step: its records are read
+ * once, in one round trip, when the execution first asks for one (an execution that runs the
+ * attempt for the first time finds none).
+ */
+function attemptJournal(
+  journal: ModelJournal,
+  runId: string,
+  step: AgentStep,
+  attempt: number,
+): AttemptCallJournal {
+  let recorded: Promise<(JournaledCall | null)[]> | undefined;
+  return {
+    get: async (call) => {
+      recorded ??= journal.attemptCalls(runId, step.id, attempt, step.maxTurns);
+      return (await recorded)[call] ?? null;
+    },
+    record: (call, request, reply) =>
+      journal.recordCall(runId, step.id, attempt, call, request, reply),
+  };
+}
+
+/**
  * The failure a thrown value stands for, or the budget stop of the run it is (the exception choke
  * point). A step's own budget is a final failure of the step, not a stop of the run. An execution
  * that stopped at a call waiting for approval pauses, whatever it threw after that.
@@ -334,6 +364,7 @@ async function takeOneTurn(
         runId,
         tenantId,
         attempt: state.attempt,
+        pause: state.pauses ?? 0,
         signal,
         turn: args.turn,
         cursor: state.agent?.cursor ?? 0,
@@ -550,24 +581,27 @@ async function executeOnce(
         }
         await tokenizerReady(agent.model);
         const { attempt } = state;
-        // An attempt that paused before replays the model replies its paused execution got.
-        const replayed =
-          state.pauses > 0 ? await deps.journal.attemptReplies(runId, step.id, attempt) : [];
+        const input = agentInput(step, runInput, depOutputs);
+        // Before the attempt persists anything: an execution under another configuration than
+        // the step's first one (a resume after a crash or a pause) runs nothing.
+        const current = stepFingerprint(agent, step, input, {
+          price: deps.meter?.priceOf(agent.model) ?? null,
+          policyVersion: deps.policyVersion,
+        });
+        await claimFingerprint(deps.fingerprints, runId, step.id, current, primaryError !== null);
         return await runAtomicAgent(
           {
             ...loopDeps(deps, { runId, step, attempt }, gate, calls),
-            pauseJournal: {
-              replayed,
-              save: (replies) => deps.journal.recordAttempt(runId, step.id, attempt, replies),
-            },
+            callJournal: attemptJournal(deps.journal, runId, step, attempt),
           },
           {
             agent,
             step,
-            input: agentInput(step, runInput, depOutputs),
+            input,
             runId,
             tenantId,
             attempt: state.attempt,
+            pause: state.pauses ?? 0,
             signal,
             ...(deps.budget === undefined ? {} : { budget: deps.budget }),
             ...(primaryError === null ? {} : { feedback: fallbackFeedback(primaryError) }),

@@ -17,7 +17,8 @@ import {
 import type { AgentStep } from '../plan/schema.js';
 import type { FingerprintStore } from '../persistence/fingerprint-store.js';
 import type { LedgerEntry, LedgerRecordOp } from '../persistence/ledger.js';
-import type { ModelJournal, RecordedReply } from '../persistence/model-journal.js';
+import type { JournaledCall, ModelJournal, RecordedReply } from '../persistence/model-journal.js';
+import { canonicalHash } from '../internal/canonical-hash.js';
 import { MaxTurnsExceededError } from '../errors.js';
 import {
   readOnlyEntries,
@@ -26,7 +27,6 @@ import {
   type ToolRunDeps,
 } from './agent-tools.js';
 import type { ModelPrice } from '../llm/pricing.js';
-import { ApprovalPending } from './call-approval.js';
 import { traceModelCall, traceTurn } from '../observability/spans.js';
 import type { ModelContext } from './model-context.js';
 import type { ModelCallObservation, RunUsageBudget, UsageMeter } from './usage-meter.js';
@@ -52,29 +52,67 @@ export interface AgentLoopDeps extends ToolRunDeps {
   /** Shapes what the model is sent (truncation, blobs). @defaultValue the conversation as is */
   context?: ModelContext;
   /**
-   * An atomic step's replies across a pause for a tool call's approval: `replayed` are the
-   * replies the paused execution got (used in place of asking the model again, so the execution
-   * that resumes reaches the same call); `save` records this execution's replies when it pauses.
+   * The model calls of an atomic step's attempt as the journal holds them (see
+   * {@link AttemptCallJournal}). @defaultValue nothing is journaled, every reply is asked for
    */
-  pauseJournal?: {
-    replayed: readonly ModelReply[];
-    save(replies: readonly ModelReply[]): Promise<void>;
-  };
+  callJournal?: AttemptCallJournal;
 }
 
-/** Asks the model for the reply of `turn`, metered and shaped when the deps say so. */
+/**
+ * The journal of one atomic attempt's model calls: each reply is recorded, with the digest of the
+ * request it answered, before any tool call of its turn runs; an execution of the same attempt
+ * that runs again (after a crash, or after a pause for a tool call's approval) takes a recorded
+ * reply instead of asking the model, when its request is the one recorded.
+ */
+export interface AttemptCallJournal {
+  /** What the journal holds for call `call` of the attempt (0-based), or null. */
+  get(call: number): Promise<JournaledCall | null>;
+  /** Records the reply of call `call`, answering the request `request` (see `recordCall`). */
+  record(call: number, request: string, reply: ModelReply): Promise<RecordedReply>;
+  /** Told each call whose reply was taken from the journal (the request was not sent again). */
+  onReused?: (call: number, reply: ModelReply) => void;
+}
+
+/**
+ * The digest of a model request: what the client sends for it, but the API key (the agent's
+ * model, provider, system prompt, settings and tools, and the messages after the system prompt as
+ * sent, after truncation). Two requests with the same digest are the same request.
+ */
+export function requestDigest(agent: AgentDefinition, messages: readonly ChatMessage[]): string {
+  return canonicalHash(
+    {
+      model: agent.model,
+      baseURL: agent.provider.baseURL,
+      systemPrompt: agent.systemPrompt,
+      settings: agent.settings,
+      tools: agent.tools.map((t) => ({ name: t.name, identity: t.identity })),
+      messages,
+    },
+    'model request',
+  );
+}
+
+/** The conversation as the model is sent it: shaped (truncation, blobs) when the deps say so. */
+function shaped(
+  deps: AgentLoopDeps,
+  args: AgentStepArgs,
+  conversation: readonly ChatMessage[],
+): Promise<readonly ChatMessage[]> | readonly ChatMessage[] {
+  const { agent, step, runId } = args;
+  return deps.context === undefined
+    ? conversation
+    : deps.context.prepare({ agent, step, runId, messages: conversation });
+}
+
+/** Asks the model for the reply of `turn` to `messages` (as shaped), metered when the deps say so. */
 async function askModel(
   deps: AgentLoopDeps,
   args: AgentStepArgs,
   turn: number,
-  conversation: readonly ChatMessage[],
+  messages: readonly ChatMessage[],
   alongside?: (reply: ModelReply) => void,
 ): Promise<ModelReply> {
   const { agent, step, runId, tenantId, signal } = args;
-  const messages =
-    deps.context === undefined
-      ? conversation
-      : await deps.context.prepare({ agent, step, runId, messages: conversation });
   const onChunk = deps.onChunk;
   const complete = (onSend?: () => Promise<void>) =>
     traceModelCall({ model: agent.model, agent: agent.name }, () =>
@@ -93,6 +131,8 @@ async function askModel(
       runId,
       stepId: step.id,
       turn,
+      attempt: args.attempt,
+      ...(args.pause === undefined ? {} : { pause: args.pause }),
       messages,
       budget: args.budget,
       stepBudget: step.budgets,
@@ -129,6 +169,8 @@ export interface AgentStepArgs {
   runId: string;
   tenantId: string;
   attempt: number;
+  /** How many times the attempt paused for an approval before this execution. @defaultValue 0 */
+  pause?: number;
   signal: AbortSignal;
   /** The run's usage budget (`maxTokens`, `maxCostUsd`). */
   budget?: RunUsageBudget;
@@ -143,34 +185,53 @@ export interface AgentStepArgs {
  * and normalized arguments, so a restarted step (a crash, a retry) gets the recorded receipt
  * instead of repeating an identical effect. A model error aborts the loop and changes nothing
  * committed; its retryability decides whether the step is retried.
+ *
+ * With a `callJournal`, each reply is journaled (call index = turn: one call per turn) before its
+ * tool calls run, and the attempt run again takes a journaled reply in place of a model call
+ * when the request it would send is the one the reply answered (see {@link takeJournaled}).
  */
 export async function runAtomicAgent(
   deps: AgentLoopDeps,
   args: AgentStepArgs,
 ): Promise<AgentResult> {
-  const { step } = args;
+  const { step, agent } = args;
   const messages: ChatMessage[] = [userMessage(args.input)];
   if (args.feedback !== undefined) messages.push({ role: 'user', content: args.feedback });
   const usage = { promptTokens: 0, completionTokens: 0 };
-  const replies: ModelReply[] = [];
-  const replayed = deps.pauseJournal?.replayed ?? [];
+  const journal = deps.callJournal;
   let toolCalls = 0;
   for (let turn = 0; turn < step.maxTurns; turn++) {
     const answer = await traceTurn(turn, async () => {
-      const reply = replayed[turn] ?? (await askModel(deps, args, turn, messages));
-      replies.push(reply);
+      const sent = await shaped(deps, args, messages);
+      let reply: ModelReply;
+      if (journal === undefined) reply = await askModel(deps, args, turn, sent);
+      else {
+        const request = requestDigest(agent, sent);
+        const taken = takeJournaled(await journal.get(turn), request);
+        if (taken !== null) {
+          reply = taken;
+          journal.onReused?.(turn, taken);
+        } else {
+          let recording: Promise<RecordedReply> | undefined;
+          const record = (r: ModelReply) => {
+            recording = journal.record(turn, request, r);
+            recording.catch(() => {}); // met below
+          };
+          // A metered call journals its reply beside its reconcile, in the same round trip.
+          const fresh = await askModel(deps, args, turn, sent, record);
+          if (recording === undefined) record(fresh);
+          // A racing execution of the attempt that recorded first: its reply stands (it asked
+          // the same request), so both make the same tool calls.
+          reply = (await recording!).reply;
+          debugPoint(DebugPoint.afterJournal, `${step.id}:${turn}`);
+        }
+      }
       add(usage, reply.usage);
       messages.push(reply.message);
       const calls = toolCallsOf(reply.message);
       if (calls.length === 0) return { answer: reply.message.content };
-      let results: ChatMessage[];
-      try {
-        results = await runToolCalls(deps, toolContext(args, turn, 'atomic'), calls);
-      } catch (thrown) {
-        // Paused for a person: the execution that resumes replays these replies to this call.
-        if (thrown instanceof ApprovalPending) await deps.pauseJournal?.save(replies);
-        throw thrown;
-      }
+      const results = await runToolCalls(deps, toolContext(args, turn, 'atomic'), calls);
+      debugPoint(DebugPoint.afterTools, `${step.id}:${turn}`);
       toolCalls += calls.length;
       messages.push(...results);
       return null;
@@ -180,7 +241,25 @@ export async function runAtomicAgent(
   throw new MaxTurnsExceededError(step.id, step.maxTurns);
 }
 
-/** What shapes a granular step's turns beyond its agent and step: the runtime's settings. */
+/**
+ * The journaled reply an execution of an atomic attempt takes in place of asking the model for
+ * call `i`, or null when it must ask. Taken only when the request this execution would send now
+ * is the very request the reply answered (same digest: same agent settings, same system prompt,
+ * same prior messages as sent). That is safe: the attempt's earlier execution sent that request
+ * and got this reply, its usage was charged to that call's reservation, and a model call has no
+ * other effect, so taking it is indistinguishable from the model answering the same again, except
+ * that no second request is sent or paid for, and the execution makes the same tool calls, whose
+ * receipts the ledger holds. With other prior messages (a read-only tool that ran again and
+ * answered otherwise, a tool result shaped differently) the request is another one: its reply is
+ * not known, and the model is asked. A reply recorded at a pause by an earlier release carries no
+ * digest: it is taken as that release took it (the paused execution's reply to the same turn).
+ */
+export function takeJournaled(recorded: JournaledCall | null, request: string): ModelReply | null {
+  if (recorded === null) return null;
+  return recorded.request === null || recorded.request === request ? recorded.reply : null;
+}
+
+/** What shapes an agent step's model calls beyond its agent and step: the runtime's settings. */
 export interface FingerprintSettings {
   /** The price the agent's model is charged at (null: none configured). */
   price?: ModelPrice | null;
@@ -188,7 +267,7 @@ export interface FingerprintSettings {
   policyVersion?: string | undefined;
 }
 
-/** The fingerprint a granular step's turns run under. */
+/** The fingerprint an agent step's turns (granular) or attempts (atomic) run under. */
 export function stepFingerprint(
   agent: AgentDefinition,
   step: AgentStep,
@@ -254,6 +333,31 @@ function computeFingerprint(
     },
     mode: step.mode,
   });
+}
+
+/**
+ * Claims the step's fingerprint (see `FingerprintStore.claim`): records `current` unless the step
+ * has one, and throws the irrecoverable `ResumeError` naming the first changed field when the one
+ * recorded first differs. Called before the step persists anything, so that from its first
+ * reservation, journal entry or held tool call on, an execution under another configuration
+ * (system prompt, model, tools, settings, input, price, `policyVersion`, …) runs nothing.
+ */
+export async function claimFingerprint(
+  store: FingerprintStore,
+  runId: string,
+  stepId: string,
+  current: AgentFingerprint,
+  fallback = false,
+): Promise<void> {
+  const stored = await store.claim(runId, stepId, current, fallback);
+  if (stored.hash === current.hash) return;
+  const changed = compareFingerprints(stored, current);
+  throw changed === null
+    ? new ResumeError(
+        `Cannot resume step "${stepId}" of run "${runId}": its fingerprint changed since the step started (what changed is not on record); start a new run, or restore the agent and step as they were.`,
+        { recoverable: false, runId, stepId },
+      )
+    : ResumeError.fingerprintMismatch(changed.field, { runId, stepId });
 }
 
 /** What a granular turn needs beyond an agent loop's needs. */
@@ -330,7 +434,10 @@ export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResu
         )
       : ResumeError.fingerprintMismatch(changed.field, { runId, stepId: step.id });
   }
-  if (args.fingerprint === null) await deps.fingerprints.save(runId, step.id, current);
+  // Before the turn persists anything (its reservation, its journaled reply, a held call): the
+  // first turn of the step claims the fingerprint, or finds the one an execution of it that did
+  // not commit claimed (a crash, a pause for an approval), which it must match like later turns.
+  if (args.fingerprint === null) await claimFingerprint(deps.fingerprints, runId, step.id, current);
 
   const history = cursor === 0 ? [] : await deps.readHistory(runId, step.id, cursor);
   const added: ChatMessage[] = turn === 0 ? [userMessage(args.input)] : [];
@@ -352,7 +459,8 @@ export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResu
       return (sent.recording = recording);
     };
     // A metered call journals its reply beside its reconcile, in the same round trip.
-    const fresh = await askModel(deps, args, turn, [...history, ...added], (r) => {
+    const messages = await shaped(deps, args, [...history, ...added]);
+    const fresh = await askModel(deps, args, turn, messages, (r) => {
       void journal(r); // met below, through `sent`
     });
     const recorded = await (sent.recording ?? journal(fresh));
@@ -403,6 +511,8 @@ export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResu
       runId,
       stepId: step.id,
       turn: turn + 1,
+      attempt: args.attempt,
+      pause: args.pause ?? 0,
       messages,
       budget: args.budget,
       stepBudget: step.budgets,

@@ -28,6 +28,9 @@ import {
 import type { AgentStep, PlanStep } from '../plan/schema.js';
 import type { SnapshotEnvelope } from '../persistence/codec.js';
 import type { CommitOptions, RunEventRecord } from '../persistence/snapshot-store.js';
+import type { Reservation } from '../persistence/quota-store.js';
+import type { ModelReply } from '../llm/messages.js';
+import type { AgentDefinition } from '../agents/define-agent.js';
 import { formatUnitNote, parseUnitNote, type WorkerIdentity } from '../persistence/unit-notes.js';
 import type { RunEvent } from '../schemas/events.js';
 import { abortMessage, type RunMeta, type RuntimeCore, type StepFailureInfo } from './core.js';
@@ -45,6 +48,7 @@ import type { CallToApprove } from './call-approval.js';
 import {
   checkTaggedPolicies,
   executeStep,
+  fallbackStep,
   executeTurn,
   type StepExecutionDeps,
   type StepResult,
@@ -53,6 +57,7 @@ import {
 import { replayedCalls } from './replay-calls.js';
 import type { AppliedEvent, HostCommitOptions } from './run-host.js';
 import { executeCached, type StepCacheDeps } from './step-cache.js';
+import { reservationUnit } from './usage-meter.js';
 
 /**
  * What every unit a worker runs is given, built once when the worker starts (see
@@ -240,6 +245,26 @@ export function executionDepsFor(host: UnitHost, meta: RunMeta): StepExecutionDe
   };
 }
 
+/**
+ * What an agent's units record beyond their own calls (see {@link startUnit}): a turn of a
+ * granular step, or a step attempt run whole (an atomic step, or a fallback agent, which runs
+ * atomically); undefined for a unit that runs no agent.
+ */
+function agentUnit(
+  host: UnitHost,
+  meta: RunMeta,
+  step: PlanStep,
+  state: StepState,
+  turn?: number,
+): AgentUnit | undefined {
+  const fallback = state.fallback?.active === true ? fallbackStep(step) : null;
+  const runs = fallback ?? step;
+  if (runs.kind !== 'agent') return undefined;
+  const agent = host.core.agents.get(runs.agent);
+  if (agent === undefined) return undefined;
+  return { tenantId: meta.tenantId, agent, mode: turn === undefined ? 'atomic' : 'granular' };
+}
+
 /** In a run that replays another: where the step's tool calls find the original's receipts. */
 function replayOf(host: UnitHost, runId: string, meta: RunMeta, step: PlanStep) {
   const { core } = host;
@@ -307,9 +332,11 @@ async function afterCommit(
   if (status !== 'succeeded' && status !== 'failed') return;
   const { core } = host;
   core.runs.ended(runId, status, core.clock()).catch(() => {}); // healed by the list if lost
-  await core.meter.settle({ tenantId: meta.tenantId, runId }, (r) =>
-    core.journal.get(runId, r.stepId, r.turn),
-  );
+  await core.meter.settle({ tenantId: meta.tenantId, runId }, (r) => {
+    const step = meta.plan.steps.find((s) => s.id === r.stepId);
+    const mode = step?.kind === 'agent' && step.mode === 'granular' ? 'granular' : 'atomic';
+    return journaledReplyOf(core, runId, mode, r);
+  });
 }
 
 /**
@@ -535,6 +562,7 @@ export function startUnit(
   stepId: string,
   turn?: number,
   noted = false,
+  agent?: AgentUnit,
 ): Unit {
   const { core, identity } = host;
   const at = core.clock();
@@ -561,15 +589,16 @@ export function startUnit(
     async records() {
       const before = parseUnitNote(await previous);
       const out: RunEventRecord[] = [];
-      // The same execution noted by another worker, which never committed it: it died (or
-      // lost its job's lock), and this worker runs the unit again.
-      if (
-        before?.worker != null &&
-        before.worker.id !== identity.id &&
+      // This unit was started before and never committed (a commit of it would have kept it
+      // from running again): that execution died, lost its job's lock, or came back later.
+      const again =
+        before !== null &&
         before.attempt === attempt &&
         before.pauses === pauses &&
-        before.turn === (turn ?? null)
-      ) {
+        before.turn === (turn ?? null);
+      // Noted by another worker: it died (or lost its job's lock), and this worker runs the unit
+      // again.
+      if (again && before.worker != null && before.worker.id !== identity.id) {
         out.push({
           type: turn === undefined ? 'step.takenOver' : 'turn.takenOver',
           ...where,
@@ -578,6 +607,12 @@ export function startUnit(
           worker,
           at,
         });
+      }
+      // The model calls those executions made are recorded here, since their commit never came.
+      if (again && agent !== undefined) {
+        const observed = new Set(done.map((d) => d['reservationId']));
+        const unit = { runId, stepId, attempt, pauses, ...(turn === undefined ? {} : { turn }) };
+        out.push(...(await uncommittedCalls(host, agent, unit, observed)));
       }
       out.push(...done, {
         type: turn === undefined ? 'step.ran' : 'turn.ran',
@@ -590,6 +625,92 @@ export function startUnit(
       return out;
     },
   };
+}
+
+/** What the records of an agent step's unit need: the run's tenant, the step's model. */
+export interface AgentUnit {
+  tenantId: string;
+  agent: AgentDefinition;
+  mode: 'atomic' | 'granular';
+}
+
+/**
+ * The reply the journal holds for the model call of reservation `r` of a step of mode `mode`:
+ * a granular turn's, or, for an atomic attempt's call (its attempt named in the reservation's
+ * id), that call's; null when there is none.
+ */
+async function journaledReplyOf(
+  core: RuntimeCore,
+  runId: string,
+  mode: 'atomic' | 'granular',
+  r: Reservation,
+): Promise<ModelReply | null> {
+  if (mode === 'granular') return core.journal.get(runId, r.stepId, r.turn);
+  const unit = reservationUnit(r.id);
+  if (unit === null) return null;
+  const calls = await core.journal.attemptCalls(runId, r.stepId, unit.attempt, r.turn + 1);
+  return calls[r.turn]?.reply ?? null;
+}
+
+/**
+ * The `model.called` records of the model calls that earlier executions of this unit made and
+ * never committed (they stopped before their commit): its reservations (the reservation ids name
+ * the attempt and pause that made them, and a granular turn's reservations its turn) that this
+ * execution did not make. Those still open are settled first (a reply in the journal for it: its
+ * usage; sent and unanswered: the baseline; never sent: nothing). A reservation that sent no
+ * request is released, not a call, and has no record. Read only for a unit that ran before.
+ */
+async function uncommittedCalls(
+  host: UnitHost,
+  agent: AgentUnit,
+  unit: { runId: string; stepId: string; attempt: number; pauses: number; turn?: number },
+  observed: ReadonlySet<unknown>,
+): Promise<RunEventRecord[]> {
+  const { core } = host;
+  const { runId, stepId, attempt, pauses, turn } = unit;
+  const theirs = (r: Reservation): boolean => {
+    if (r.stepId !== stepId || observed.has(r.id)) return false;
+    if (turn !== undefined && r.turn !== turn) return false;
+    const made = reservationUnit(r.id);
+    return made !== null && made.attempt === attempt && made.pause === pauses;
+  };
+  try {
+    let list = (await core.quota.list(agent.tenantId, runId)).filter(theirs);
+    if (list.some((r) => r.outcome === null)) {
+      const where = { tenantId: agent.tenantId, runId, stepId, agent: agent.agent };
+      await core.meter.settle(where, (r) => journaledReplyOf(core, runId, agent.mode, r));
+      list = (await core.quota.list(agent.tenantId, runId)).filter(theirs);
+    }
+    const where = { stepId, attempt, ...(turn === undefined ? {} : { turn }) };
+    return list
+      .filter((r) => (r.outcome === 'usage' || r.outcome === 'baseline') && r.charged !== null)
+      .map((r) => {
+        const charged = r.charged!;
+        const end = r.reconciledAt ?? r.createdAt;
+        return {
+          type: 'model.called',
+          ...where,
+          reservationId: r.id,
+          model: agent.agent.model,
+          turn: r.turn,
+          charged: r.outcome as 'usage' | 'baseline',
+          inputTokens: charged.inputTokens,
+          outputTokens: charged.outputTokens,
+          costUsd: charged.microUsd / 1_000_000,
+          durationMs: Math.max(0, end - (r.sentAt ?? r.createdAt)),
+          // Made by an execution of the unit that never committed; recorded by this one.
+          uncommitted: true,
+          at: end,
+        };
+      });
+  } catch (error) {
+    // The record of the unit is not worth failing its commit for.
+    core.log.warn(
+      { runId, stepId, attempt, error: error instanceof Error ? error.message : String(error) },
+      'could not read the model calls of an earlier execution of the unit',
+    );
+    return [];
+  }
 }
 
 /** Commit options that also record what the unit did. */
@@ -807,7 +928,15 @@ export async function runStepUnit(
   const attempt = data.attempt!;
   const depOutputs = await outputsOf(core, runId, env, step.dependsOn);
   const limit = await attemptLimit(host, runId, step, attempt);
-  const unit = startUnit(host, state, runId, stepId, undefined, admitted.noted);
+  const unit = startUnit(
+    host,
+    state,
+    runId,
+    stepId,
+    undefined,
+    admitted.noted,
+    agentUnit(host, meta, step, state),
+  );
   const where = { step, state, runId, tenantId: meta.tenantId, runInput: meta.input, depOutputs };
   const deps = executionDepsFor(host, meta);
   const result = await guardUnit(host, { runId, stepId, attempt }, jobSignal, limit, (signal) =>
@@ -832,6 +961,7 @@ export async function runStepUnit(
     result.kind === 'succeeded'
       ? succeededEvents(host, stepId, attempt, result, state)
       : [failed(host, stepId, attempt, result.error)];
+  debugPoint(DebugPoint.beforeCommit, stepId);
   const { applied, next } = await commitUnit(host, { data, env, unit, events, chain });
   notifyFailures(host, runId, events, applied);
   debugPoint(DebugPoint.afterCommit, stepId);
@@ -903,7 +1033,15 @@ async function turnUnit(
   }
   const limit = await attemptLimit(host, runId, step, attempt);
   const depOutputs = await outputsOf(core, runId, env, step.dependsOn);
-  const unit = startUnit(host, state, runId, stepId, turn, admitted.noted);
+  const unit = startUnit(
+    host,
+    state,
+    runId,
+    stepId,
+    turn,
+    admitted.noted,
+    agentUnit(host, meta, step, state, turn),
+  );
   const outcome = await guardUnit(host, { runId, stepId, attempt }, jobSignal, limit, (signal) =>
     executeTurn(
       { ...executionDepsFor(host, meta), ...unit.observers },

@@ -20,6 +20,7 @@ import {
   type ModelError,
 } from '../errors.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
+import { debugPoint, DebugPoint } from '../internal/debug-points.js';
 import { toolParametersSchema } from '../agents/tool-schema.js';
 import type { Logger } from '../logging.js';
 import type { ChatMessage, ModelReply } from '../llm/messages.js';
@@ -46,12 +47,21 @@ export interface MeteredCall {
   stepId: string;
   /** The turn the call is for (0-based). */
   turn: number;
+  /**
+   * The step's attempt, and how many times it paused before, whose execution makes the call: part
+   * of the reservation's id (see {@link reservationUnit}). @defaultValue not recorded
+   */
+  attempt?: number;
+  pause?: number;
   /** The conversation as sent, after the system prompt. */
   messages: readonly ChatMessage[];
   budget: RunUsageBudget | undefined;
   /** The step's own `budgets.maxTokens` / `maxCostUsd`, over all its calls in the run. */
   stepBudget?: RunUsageBudget | undefined;
-  /** Told how the call went once it is reconciled (e.g. to record it in the run's events). */
+  /**
+   * Told how the call went once it is reconciled (e.g. to record it in the run's events); not told
+   * of a call that sent nothing (its reservation released).
+   */
   observe?: (call: ModelCallObservation) => void;
   /**
    * Given a reply once its reconcile is on the connection, before the reconcile's answer is
@@ -66,7 +76,10 @@ export interface ModelCallObservation {
   reservationId: string;
   model: string;
   turn: number;
-  /** How the reservation was reconciled: `usage`, `baseline` (sent, no reply) or `none`. */
+  /**
+   * How the reservation was reconciled: `usage` or `baseline` (sent, no reply). (`none`, nothing
+   * sent, is not observed; events an earlier release recorded may carry it.)
+   */
   charged: 'usage' | 'baseline' | 'none';
   inputTokens: number;
   outputTokens: number;
@@ -217,7 +230,7 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
     const { tenantId, runId, stepId, turn } = call;
     try {
       return await quota.reserve({
-        reservationId: `${stepId}:${turn}:${randomUUID()}`,
+        reservationId: reservationIdOf(call),
         tenantId,
         runId,
         stepId,
@@ -346,6 +359,7 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
 
     async call(call, send) {
       const { agent, tenantId, runId, stepId, turn } = call;
+      debugPoint(DebugPoint.beforeReserve, `${stepId}:${turn}`);
       const price = resolvePrice(pricing, agent.model, { strict });
       const held = take(runId, stepId, turn);
       let estimate: Figures['estimate'];
@@ -369,6 +383,7 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
           reservation.id,
         );
       }
+      debugPoint(DebugPoint.afterReserve, `${stepId}:${turn}`);
       let sent = false;
       const sentAt = performance.now();
       // The mark goes out on the Redis connection as the request goes out on HTTP, without
@@ -409,16 +424,19 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
           call.alongside({ ...reply, reservationId: reservation.id });
         }
         await reconciled;
-        call.observe?.({
-          reservationId: reservation.id,
-          model: agent.model,
-          turn,
-          charged: outcome.kind,
-          inputTokens: outcome.kind === 'usage' ? outcome.inputTokens : 0,
-          outputTokens: outcome.kind === 'usage' ? outcome.outputTokens : 0,
-          costUsd: outcome.kind === 'usage' ? outcome.microUsd / 1_000_000 : 0,
-          durationMs: Math.round((performance.now() - sentAt) * 1000) / 1000,
-        });
+        // A call that sent nothing is no model call: its reservation is released, not observed.
+        if (outcome.kind !== 'none') {
+          call.observe?.({
+            reservationId: reservation.id,
+            model: agent.model,
+            turn,
+            charged: outcome.kind,
+            inputTokens: outcome.kind === 'usage' ? outcome.inputTokens : 0,
+            outputTokens: outcome.kind === 'usage' ? outcome.outputTokens : 0,
+            costUsd: outcome.kind === 'usage' ? outcome.microUsd / 1_000_000 : 0,
+            durationMs: Math.round((performance.now() - sentAt) * 1000) / 1000,
+          });
+        }
       }
     },
   };
@@ -440,6 +458,28 @@ interface Ahead {
 }
 
 const aheadKey = (runId: string, stepId: string): string => `${runId}\n${stepId}`;
+
+/**
+ * A fresh reservation id for `call`: `<stepId>:<turn>:<uuid>`, or, when the call names its
+ * attempt, `<stepId>:<turn>:a<attempt>p<pause>:<uuid>`, so that the reservations an execution
+ * made can be told from those of another execution of the step (see {@link reservationUnit}).
+ */
+function reservationIdOf(call: MeteredCall): string {
+  const { stepId, turn, attempt } = call;
+  const unit = attempt === undefined ? '' : `a${attempt}p${call.pause ?? 0}:`;
+  return `${stepId}:${turn}:${unit}${randomUUID()}`;
+}
+
+const UNIT_OF_ID = /^[^:]+:\d+:a(\d+)p(\d+):/;
+
+/**
+ * The attempt, and the pauses before it, of the execution that made reservation `id`; null for
+ * an id that does not say (made by an earlier release, or for a call that named no attempt).
+ */
+export function reservationUnit(id: string): { attempt: number; pause: number } | null {
+  const m = UNIT_OF_ID.exec(id);
+  return m === null ? null : { attempt: Number(m[1]), pause: Number(m[2]) };
+}
 
 function limitsOf(budget: RunUsageBudget | undefined): UsageLimits {
   return {

@@ -648,6 +648,15 @@ export function usageLines(usage: RunUsage): string[] {
           .trimEnd(),
       );
   }
+  if (reservations.length > 0) {
+    // A model call is a reservation whose request went out: charged its usage or the baseline.
+    const calls = reservations.filter((r) => r.outcome === 'usage' || r.outcome === 'baseline');
+    const released = reservations.filter((r) => r.outcome === 'none').length;
+    const open = reservations.filter((r) => r.outcome === null).length;
+    lines.push(
+      `model calls: ${calls.length}; released without a call: ${released}${open === 0 ? '' : `; open: ${open}`}`,
+    );
+  }
   const limit = (n: number | null, unit: (v: number) => string) => (n === null ? 'none' : unit(n));
   lines.push(
     `total: spent ${totals.spentTokens} tokens ${usd(totals.spentMicroUsd)}; reserved now ${totals.reservedTokens} tokens ${usd(totals.reservedMicroUsd)}; budgets maxTokens ${limit(totals.maxTokens, String)}, maxCostUsd ${limit(totals.maxMicroUsd, (v) => usd(v).slice(1))}`,
@@ -662,7 +671,7 @@ function reconciledAs(outcome: string): string {
     case 'baseline':
       return 'baseline (sent, no reply)';
     default:
-      return 'nothing sent';
+      return 'released (nothing sent: no call)';
   }
 }
 

@@ -20,6 +20,14 @@ export const DebugPoint = {
   betweenTools: 'between-tools',
   /** Every tool call of the turn is done; the turn is not yet committed. */
   afterTools: 'after-tools',
+  /** A model call is about to be metered: nothing of it is reserved yet. */
+  beforeReserve: 'before-reserve',
+  /** A model call's usage is reserved; its request has not gone out. */
+  afterReserve: 'after-reserve',
+  /** A model request went out and its answer's headers came back; the reply is not yet read. */
+  afterRequestSent: 'after-request-sent',
+  /** A step attempt's result is decided; its commit is not yet sent. */
+  beforeCommit: 'before-commit',
 } as const;
 /** A value of {@link DebugPoint}. */
 export type DebugPoint = (typeof DebugPoint)[keyof typeof DebugPoint];

@@ -21,6 +21,7 @@ import type {
 import type { AgentDefinition } from '../agents/define-agent.js';
 import { toolParametersSchema } from '../agents/tool-schema.js';
 import { ConfigurationError, findCause, ModelError } from '../errors.js';
+import { debugPoint, DebugPoint } from '../internal/debug-points.js';
 import { classifyModelError, displayURL, type ModelCallContext } from './classify-error.js';
 import { nodeHttpFetch } from './http-fetch.js';
 import type { AssistantMessage, ChatMessage, ModelReply, ToolCall } from './messages.js';
@@ -395,7 +396,9 @@ function sending(fetch: typeof globalThis.fetch): typeof globalThis.fetch {
         throw new SendHookError(error);
       }
     }
-    return fetch(input, init);
+    const response = await fetch(input, init);
+    debugPoint(DebugPoint.afterRequestSent);
+    return response;
   };
 }
 

@@ -387,6 +387,8 @@ export function buildRunTrace(src: RunTraceSources): RunTrace {
         break;
       }
       case 'model.called': {
+        // A reservation released with nothing sent (recorded by an earlier release) is no call.
+        if (e['charged'] === 'none') break;
         const list = modelEvents.get(stepId) ?? [];
         const duration = num(e['durationMs']);
         const start = num(e['startedAt']) ?? (duration === null ? at : at - duration);
@@ -490,7 +492,10 @@ function gateStart(
   return Math.max(src.createdAt, ...deps.map((d) => finishedAt.get(d) ?? src.createdAt));
 }
 
-/** The step's model calls, placed in the attempt they fall in: recorded events, else reservations. */
+/**
+ * The step's model calls, placed in the attempt they fall in: recorded events, else reservations;
+ * a reservation released with nothing sent is not a call.
+ */
 function addModelCalls(
   list: TraceAttempt[],
   recorded: TraceModelCall[] | undefined,
@@ -500,7 +505,8 @@ function addModelCalls(
   const calls: TraceModelCall[] =
     recorded ??
     reservations
-      .filter((r) => r.stepId === stepId)
+      // A reservation released with nothing sent is no model call.
+      .filter((r) => r.stepId === stepId && r.outcome !== 'none')
       .sort((x, y) => x.seq - y.seq)
       .map((r) => ({
         turn: r.turn,

@@ -80,7 +80,8 @@ describe('flujo run with an agent step', () => {
     expect(lines[1]).toMatch(
       /^ask\s+0\s+\d+ tok \$0\.000000\s+42\+7 tok\s+\$0\.000000\s+usage \(the provider's\)/,
     );
-    expect(lines[2]).toMatch(/^total: spent 49 tokens \$0\.000000; reserved now 0 tokens/);
+    expect(lines[2]).toBe('model calls: 1; released without a call: 0');
+    expect(lines[3]).toMatch(/^total: spent 49 tokens \$0\.000000; reserved now 0 tokens/);
     const json = await flujo(['usage', runId, '--prefix', prefix, '--json'], {});
     const usage = JSON.parse(json.out) as {
       reservations: { turn: number; outcome: string; charged: { tokens: number } }[];

@@ -118,4 +118,49 @@ describe('model journal', () => {
     // a dropped turn can be recorded again
     expect((await journal.record(R, S, 1, reply(7))).recorded).toBe(true);
   });
+
+  it("an atomic attempt's calls: first writer wins per request, another request replaces it; list reads them in order", async () => {
+    const [a, b] = ['a'.repeat(64), 'b'.repeat(64)];
+    expect(await journal.recordCall(R, S, 1, 0, a, reply(1))).toEqual({
+      reply: reply(1),
+      recorded: true,
+      replaced: false,
+    });
+    // The same request again (a racing execution): the first reply stands.
+    expect(await journal.recordCall(R, S, 1, 0, a, reply(2))).toEqual({
+      reply: reply(1),
+      recorded: false,
+      replaced: false,
+    });
+    // Another request for the same call: its reply replaces the first.
+    expect(await journal.recordCall(R, S, 1, 0, b, reply(3))).toEqual({
+      reply: reply(3),
+      recorded: true,
+      replaced: true,
+    });
+    await journal.recordCall(R, S, 1, 1, a, reply(4));
+    await journal.recordCall(R, S, 2, 0, a, reply(5));
+    await journal.record(R, S, 0, reply(6));
+    expect(await journal.attemptCalls(R, S, 1, 3)).toEqual([
+      { request: b, reply: reply(3) },
+      { request: a, reply: reply(4) },
+      null,
+    ]);
+    expect(await redis.hkeys(createKeys(prefix).journal(R))).toEqual(
+      expect.arrayContaining([`${S}#1:0`, `${S}#1:1`, `${S}#2:0`, `${S}:0`]),
+    );
+    const listed = (await journal.list(R)).map((j) => [j.turn, j.attempt, j.call, j.replies]);
+    expect(listed).toEqual([
+      [0, null, null, [reply(6)]],
+      [null, 1, 0, [reply(3)]],
+      [null, 1, 1, [reply(4)]],
+      [null, 2, 0, [reply(5)]],
+    ]);
+    // Bad input writes nothing.
+    expect(await caught(journal.recordCall(R, S, 1, 5, 'not-a-digest', reply(1)))).toBeInstanceOf(
+      InputValidationError,
+    );
+    expect(await journal.attemptCalls(R, S, 1, 6)).toHaveLength(6);
+    expect((await journal.attemptCalls(R, S, 1, 6))[5]).toBeNull();
+  });
 });

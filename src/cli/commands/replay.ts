@@ -33,7 +33,12 @@ export function reproducedLines(r: ReproducedRun): string[] {
     lines.push(`  ${o.type.padEnd(8)}${where}  ${what}`.trimEnd());
   }
   for (const m of r.modelReplies) {
-    const at = m.turn === null ? `attempt ${m.attempt}` : `turn ${m.turn}`;
+    const at =
+      m.turn !== null
+        ? `turn ${m.turn}`
+        : m.call === null
+          ? `attempt ${m.attempt}`
+          : `attempt ${m.attempt} call ${m.call}`;
     const last = m.replies[m.replies.length - 1];
     lines.push(`  reply    ${m.stepId} ${at}  ${preview(last?.message.content ?? null)}`);
   }
