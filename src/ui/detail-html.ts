@@ -155,7 +155,7 @@ function modelCallHtml(c: ModelCallView): string {
   let prompt: string;
   if (c.prompt === null) {
     prompt =
-      '<p class="small">The prompt is not stored: an atomic step keeps only the replies of an attempt that paused for an approval.</p>';
+      '<p class="small">The prompt of an atomic step’s call is not stored: the journal keeps each reply with a digest of its request.</p>';
   } else if (c.prompt.length === 0) {
     prompt = '<p class="small">Not in the history yet: the turn is not committed.</p>';
   } else {
@@ -181,7 +181,7 @@ export function promptOf(history: readonly ChatMessage[], turn: number): ChatMes
 /** Every journaled model call: prompt and reply. */
 export function modelCallsHtml(calls: readonly ModelCallView[]): string {
   if (calls.length === 0) {
-    return '<p class="empty">The model journal holds no calls of this run (it records each turn of a granular agent step, and the replies of an atomic step’s attempt that paused for an approval).</p>';
+    return '<p class="empty">The model journal holds no calls of this run (it records each turn of a granular agent step and each reply of an atomic step’s attempt).</p>';
   }
   return calls.map(modelCallHtml).join('\n');
 }

@@ -205,7 +205,8 @@ export async function startUi(runtime: Runtime, options: UiOptions = {}): Promis
             stepId: j.stepId,
             turn: null,
             attempt: j.attempt,
-            index,
+            // A call recorded one by one names its index; a paused attempt's list, the order.
+            index: j.call ?? index,
             reply,
             prompt: null,
           }),
