@@ -27,6 +27,12 @@ Usage:
       step, attempt, turn, since; units done, failed and busy since it started) goes to stderr:
       on a terminal a line whenever it changes; with --status-every MS a JSON line
       {"type":"worker.status",...} every MS; on SIGUSR2 (kill -USR2 <pid>) a JSON line at once
+  flujo dev <job-module> [--port P] [--host H] [--concurrency N]
+      for development, in one command: Redis (as run uses it; its URL is printed, for other
+      commands' --redis), the web view (as ui, its URL printed) and a worker for the module that
+      is replaced when the module or a project file it imports is saved (the old worker finishes
+      its running units first; a module that does not load prints its error and the old worker
+      keeps running); Ctrl-C stops everything
   flujo status <runId> [--json]                   the run and its steps; exits with the run's code
   flujo list [--status S] [--plan P] [--tenant T] [--since T] [--until T] [--limit N] [--json]
       runs newest first: plan, tenant, status, start, duration, the step that waits; T is an
@@ -164,6 +170,7 @@ const ALLOWED: Record<string, readonly string[]> = {
   ],
   resume: ['concurrency', 'json', 'by', 'quiet', 'redis-outage-limit', ...CONNECTS],
   worker: ['concurrency', 'status-every', ...CONNECTS],
+  dev: ['port', 'host', 'concurrency', ...CONNECTS],
   status: ['json', ...CONNECTS],
   list: ['status', 'plan', 'tenant', 'since', 'until', 'limit', 'json', ...CONNECTS],
   events: ['follow', 'json', ...CONNECTS],
@@ -199,6 +206,8 @@ async function dispatch(command: string, ctx: Ctx): Promise<number> {
       return (await import('./commands/run.js')).cmdResume(ctx);
     case 'worker':
       return (await import('./commands/run.js')).cmdWorker(ctx);
+    case 'dev':
+      return (await import('./commands/dev.js')).cmdDev(ctx);
     case 'status':
       return (await import('./commands/read.js')).cmdStatus(ctx);
     case 'list':
