@@ -36,6 +36,8 @@ export interface Values {
   host?: string;
   url?: string;
   'status-every'?: string;
+  /** `flujo init --no-node`. */
+  'no-node'?: boolean;
 }
 
 /** A command's arguments and surroundings. */

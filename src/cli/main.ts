@@ -80,8 +80,10 @@ Usage:
   flujo validate <plan.json | job-module> [--json]
       check a plan, or a job module (its exports, and that its steps' operators, agents and
       policies exist); print the steps in dependency order
-  flujo init [dir]                                scaffold a project with a typed job module
-      (package.json with "type": "module" and scripts, jobs/hello.ts, tsconfig.json, README.md)
+  flujo init [dir] [--no-node]                    scaffold a project with a typed job module
+      (package.json with "type": "module" and scripts, jobs/hello.ts, tsconfig.json, README.md);
+      package.json also gets Node 24 as a devDependency ("node": "^24", allowed in allowScripts),
+      so that after npm install, npx flujo and the npm scripts run on it; --no-node leaves it out
   flujo redis stop                                stop the embedded redis-server of this project
   flujo --version | --help
 
@@ -152,6 +154,7 @@ const OPTIONS = {
   host: { type: 'string' },
   url: { type: 'string' },
   'status-every': { type: 'string' },
+  'no-node': { type: 'boolean' },
 } as const;
 
 const CONNECTS = ['redis', 'prefix', 'redis-timeout'];
@@ -186,7 +189,7 @@ const ALLOWED: Record<string, readonly string[]> = {
   validate: ['json'],
   ui: ['port', 'host', ...CONNECTS],
   redis: [],
-  init: [],
+  init: ['no-node'],
 };
 
 function readVersion(): string {
