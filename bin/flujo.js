@@ -15,8 +15,13 @@ if (major < NEEDED[0] || (major === NEEDED[0] && minor < NEEDED[1])) {
       process.execPath +
       '); flujo needs Node ' +
       NEEDED.join('.') +
-      ' or newer (Node 24 recommended). Install it from https://nodejs.org or with a version ' +
-      'manager (e.g. `nvm install 24 && nvm use 24`), then run the command again.\n',
+      ' or newer (Node 24 recommended).\n' +
+      'Fix, in your project (the folder with package.json):\n' +
+      '  npm pkg set allowScripts.node=true --json && npm install -D node@24\n' +
+      'then run flujo as npx flujo … (or in npm scripts, npm run …): npm puts the Node of\n' +
+      'node_modules/.bin first on PATH for them. (flujo init adds that devDependency itself.)\n' +
+      'Or install Node 24 for the whole machine: from https://nodejs.org, or with a version\n' +
+      'manager (e.g. `nvm install 24 && nvm use 24`); then run the command again.\n',
   );
   process.exit(2);
 }

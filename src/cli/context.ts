@@ -38,6 +38,8 @@ export interface Values {
   'status-every'?: string;
   full?: boolean;
   verbose?: boolean;
+  /** `flujo init --no-node`. */
+  'no-node'?: boolean;
 }
 
 /** A command's arguments and surroundings. */

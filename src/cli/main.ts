@@ -27,6 +27,12 @@ Usage:
       step, attempt, turn, since; units done, failed and busy since it started) goes to stderr:
       on a terminal a line whenever it changes; with --status-every MS a JSON line
       {"type":"worker.status",...} every MS; on SIGUSR2 (kill -USR2 <pid>) a JSON line at once
+  flujo dev <job-module> [--port P] [--host H] [--concurrency N]
+      for development, in one command: Redis (as run uses it; its URL is printed, for other
+      commands' --redis), the web view (as ui, its URL printed) and a worker for the module that
+      is replaced when the module or a project file it imports is saved (the old worker finishes
+      its running units first; a module that does not load prints its error and the old worker
+      keeps running); Ctrl-C stops everything
   flujo status <runId> [--full] [--verbose] [--json]
       the run and its steps, each attempt of a step that ran more than once with its error;
       exits with the run's code. Errors are whole (every line, causes); --verbose: with their
@@ -81,8 +87,10 @@ Usage:
       check a plan, or a job module (its exports, that its steps' operators, agents and policies
       exist, and that its agents' tools can be shown to a model; agents exported as a function
       are built after setup); print the steps in dependency order
-  flujo init [dir]                                scaffold a project with a typed job module
-      (package.json with "type": "module" and scripts, jobs/hello.ts, tsconfig.json, README.md)
+  flujo init [dir] [--no-node]                    scaffold a project with a typed job module
+      (package.json with "type": "module" and scripts, jobs/hello.ts, tsconfig.json, README.md);
+      package.json also gets Node 24 as a devDependency ("node": "^24", allowed in allowScripts),
+      so that after npm install, npx flujo and the npm scripts run on it; --no-node leaves it out
   flujo redis stop                                stop the embedded redis-server of this project
   flujo --version | --help
 
@@ -156,6 +164,7 @@ const OPTIONS = {
   'status-every': { type: 'string' },
   full: { type: 'boolean' },
   verbose: { type: 'boolean' },
+  'no-node': { type: 'boolean' },
 } as const;
 
 const CONNECTS = ['redis', 'prefix', 'redis-timeout'];
@@ -174,6 +183,7 @@ const ALLOWED: Record<string, readonly string[]> = {
   ],
   resume: ['concurrency', 'json', 'by', 'quiet', 'redis-outage-limit', ...CONNECTS],
   worker: ['concurrency', 'status-every', ...CONNECTS],
+  dev: ['port', 'host', 'concurrency', ...CONNECTS],
   status: ['json', 'full', 'verbose', ...CONNECTS],
   list: ['status', 'plan', 'tenant', 'since', 'until', 'limit', 'json', ...CONNECTS],
   events: ['follow', 'full', 'verbose', 'json', ...CONNECTS],
@@ -189,7 +199,7 @@ const ALLOWED: Record<string, readonly string[]> = {
   validate: ['json'],
   ui: ['port', 'host', ...CONNECTS],
   redis: [],
-  init: [],
+  init: ['no-node'],
 };
 
 function readVersion(): string {
@@ -209,6 +219,8 @@ async function dispatch(command: string, ctx: Ctx): Promise<number> {
       return (await import('./commands/run.js')).cmdResume(ctx);
     case 'worker':
       return (await import('./commands/run.js')).cmdWorker(ctx);
+    case 'dev':
+      return (await import('./commands/dev.js')).cmdDev(ctx);
     case 'status':
       return (await import('./commands/read.js')).cmdStatus(ctx);
     case 'list':
@@ -264,6 +276,8 @@ const TRACED = new Set([
   'ledger',
   'replay',
   'ui',
+  // Its web view commits decisions; its workers are `flujo worker` processes, traced themselves.
+  'dev',
 ]);
 
 /** Turns any error into its one-line message and exit code. */

@@ -10,6 +10,7 @@
 export { startScriptedModelServer } from './scripted-model-server.js';
 export type {
   RecordedRequest,
+  RequestTool,
   ScriptEntry,
   ScriptedModelServer,
   ScriptedModelServerOptions,

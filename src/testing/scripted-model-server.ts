@@ -24,6 +24,23 @@ export interface ScriptedModelServerOptions {
   host?: string;
   /** A pause before every reply, e.g. to measure a runtime against a 50 ms model. @defaultValue 0 */
   latencyMs?: number;
+  /**
+   * The answer to every request that finds the queue empty: a reply (played again and again), or
+   * a {@link ScriptedReplyFunction} of the request (called once per request; it may be async).
+   * Queued replies still go first. With it the server never runs out, so a long-lived process (a
+   * `flujo worker`, a `flujo dev`) answers any number of runs; without it a request that finds
+   * the queue empty gets a 500 naming the request. Checked now: a bad reply throws a
+   * `ConfigurationError`. Change it later with {@link ScriptedModelServer.setDefaultReply}.
+   * @defaultValue none
+   */
+  defaultReply?: ScriptEntry;
+}
+
+/** A tool the request offered the model, as the client sent it (`{ type: 'function', function }`). */
+export interface RequestTool {
+  type: string;
+  function?: { name: string; description?: string; parameters?: unknown; [key: string]: unknown };
+  [key: string]: unknown;
 }
 
 /** One HTTP request the server received, in arrival order. */
@@ -41,6 +58,8 @@ export interface RecordedRequest {
   model: string | undefined;
   /** The body's `messages`, or `[]` when it has none. */
   messages: readonly RequestMessage[];
+  /** The body's `tools` (the functions the model may call), or `[]` when it has none. */
+  tools: readonly RequestTool[];
   /** Epoch milliseconds when the request arrived. */
   at: number;
   /** True once a whole completion (not an error, not a cut-off stream) was written back. */
@@ -49,7 +68,24 @@ export interface RecordedRequest {
   usage: { prompt_tokens: number; completion_tokens: number } | null;
 }
 
-/** A reply computed from the request, for tests that need to look at what the model was asked. */
+/**
+ * A reply computed from the request: it gets the parsed request (`messages`, `tools`, `model`,
+ * the whole `body`, its `index`) and returns a reply in the shapes `enqueue` takes (text, tool
+ * calls or a fault), or a promise of one. The reply is checked when it is returned: a bad one, or
+ * a function that throws, answers that request with a 500 (`x-should-retry: false`) whose message
+ * says why.
+ *
+ * @example
+ * ```ts
+ * // Call the first tool offered once, then answer with what it returned.
+ * const reply: ScriptedReplyFunction = ({ messages, tools }) => {
+ *   const result = messages.findLast((m) => m.role === 'tool');
+ *   if (result !== undefined) return { text: `Done: ${String(result.content)}` };
+ *   const tool = tools[0]?.function?.name;
+ *   return tool === undefined ? { text: 'No tools.' } : { toolCalls: [{ name: tool, arguments: {} }] };
+ * };
+ * ```
+ */
 export type ScriptedReplyFunction = (
   request: RecordedRequest,
 ) => ScriptedReply | Promise<ScriptedReply>;
@@ -66,13 +102,22 @@ export interface ScriptedModelServer {
   enqueue(...replies: ScriptEntry[]): void;
   /** Replaces the script (the replies not yet played are dropped). */
   script(replies: readonly ScriptEntry[]): void;
+  /**
+   * Sets the answer to every request that finds the queue empty (see
+   * {@link ScriptedModelServerOptions.defaultReply}), or removes it with `undefined`. Checked
+   * now; a bad reply throws a `ConfigurationError` and leaves the old one.
+   */
+  setDefaultReply(reply: ScriptEntry | undefined): void;
   /** Every request received since the start or the last `reset()`. */
   readonly requests: readonly RecordedRequest[];
   /** `requests.length`: how many calls the model saw. */
   readonly requestCount: number;
-  /** How many scripted replies are left. */
+  /** How many queued replies are left (the default reply is not counted). */
   readonly remaining: number;
-  /** Empties the script and the recorded requests, and restarts request and tool-call numbering. */
+  /**
+   * Empties the script and the recorded requests, and restarts request and tool-call numbering.
+   * The default reply stays.
+   */
   reset(): void;
   /** Stops the server, cutting open connections (hanging ones too). Safe to call twice. */
   close(): Promise<void>;
@@ -130,6 +175,10 @@ function write(res: ServerResponse, data: string): Promise<void> {
  * message. Usage figures not given in the script are estimates (characters / 4, rounded up), not
  * real token counts. Other paths get a 404 in OpenAI's error shape. Every request is recorded.
  *
+ * A queued reply plays once. To answer forever (a long-lived worker that runs job after job), give
+ * a `defaultReply`: a fixed reply, or a function of each request (see
+ * {@link ScriptedReplyFunction}); it answers whenever the queue is empty.
+ *
  * @example
  * ```ts
  * const server = await startScriptedModelServer();
@@ -138,6 +187,11 @@ function write(res: ServerResponse, data: string): Promise<void> {
  * // … run the agent, then:
  * expect(server.requestCount).toBe(2);
  * await server.close();
+ *
+ * // A server that never runs out: every request is answered from what it asks.
+ * const forever = await startScriptedModelServer({
+ *   defaultReply: ({ messages }) => ({ text: `You said: ${String(messages.at(-1)?.content)}` }),
+ * });
  * ```
  */
 export async function startScriptedModelServer(
@@ -160,6 +214,8 @@ export async function startScriptedModelServer(
 
   const check = (entry: ScriptEntry, what: string): QueuedEntry =>
     typeof entry === 'function' ? entry : parseScriptedReply(entry, what);
+  let defaultReply: QueuedEntry | undefined =
+    options.defaultReply === undefined ? undefined : check(options.defaultReply, 'defaultReply');
 
   /** Waits `ms` unless the client leaves or the server stops; false when it should give up. */
   const pause = async (ms: number, signal: AbortSignal): Promise<boolean> => {
@@ -290,6 +346,11 @@ export async function startScriptedModelServer(
     const headers: Record<string, string> = {};
     for (const [name, value] of Object.entries(req.headers))
       if (value !== undefined) headers[name] = Array.isArray(value) ? value.join(', ') : value;
+    const tools = Array.isArray(fields['tools'])
+      ? (fields['tools'] as unknown[]).filter(
+          (t): t is RequestTool => isObject(t) && typeof t['type'] === 'string',
+        )
+      : [];
     const request: RecordedRequest = {
       index: requests.length + 1,
       method: req.method ?? 'GET',
@@ -298,6 +359,7 @@ export async function startScriptedModelServer(
       body,
       model: typeof fields['model'] === 'string' ? fields['model'] : undefined,
       messages,
+      tools,
       at: Date.now(),
       answered: false,
       usage: null,
@@ -325,10 +387,10 @@ export async function startScriptedModelServer(
       );
       return;
     }
-    const entry = queue.shift();
+    const entry = queue.shift() ?? defaultReply;
     if (entry === undefined) {
       const last = lastUserText(messages);
-      const message = `scripted model server: no scripted reply left for request #${request.index} (model "${request.model}", last user message ${last === undefined ? 'none' : `"${last}"`})`;
+      const message = `scripted model server: no scripted reply left for request #${request.index} (model "${request.model}", last user message ${last === undefined ? 'none' : `"${last}"`}); enqueue more replies, or start the server with a defaultReply (a reply, or a function of the request) to answer every request`;
       sendJson(res, 500, errorBody(500, { message, code: 'script_exhausted' }), {
         'x-should-retry': 'false',
       });
@@ -392,6 +454,9 @@ export async function startScriptedModelServer(
     script(replies) {
       queue = replies.map((r, i) => check(r, `scripted reply #${i + 1}`));
       queued = queue.length;
+    },
+    setDefaultReply(reply) {
+      defaultReply = reply === undefined ? undefined : check(reply, 'defaultReply');
     },
     get requests() {
       return requests;

@@ -13,7 +13,7 @@ import { startScriptedModelServer, type ScriptedModelServer } from '../../src/te
 
 /**
  * The scripted model server of the block this is called in: started before its tests, reset
- * before each (before the block's own `beforeEach` hooks registered after this call), closed after
+ * (and its default reply removed) before each (before the block's own `beforeEach` hooks registered after this call), closed after
  * all. The handle may be kept in a `const` at once; it reaches the server only once it runs.
  */
 export function useScriptedModel(): ScriptedModelServer {
@@ -32,6 +32,7 @@ export function useScriptedModel(): ScriptedModelServer {
   });
   beforeEach(() => {
     live().reset();
+    live().setDefaultReply(undefined);
   });
   return {
     get url() {
@@ -42,6 +43,7 @@ export function useScriptedModel(): ScriptedModelServer {
     },
     enqueue: (...replies) => live().enqueue(...replies),
     script: (replies) => live().script(replies),
+    setDefaultReply: (reply) => live().setDefaultReply(reply),
     get requests() {
       return live().requests;
     },

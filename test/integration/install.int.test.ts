@@ -1,7 +1,8 @@
 /**
  * From install to a first durable run, as a new user does it: the repo is packed (`npm pack`,
  * of the built dist), the tarball installed into a fresh project outside the repo with one
- * `npm install`, `npx flujo init` scaffolds a job, `npx flujo run` runs it to success on the
+ * `npm install`, `npx flujo init` scaffolds a job (with Node 24 as a devDependency, unless
+ * `--no-node`), `npx flujo run` runs it to success on the
  * embedded Redis, `tsc` type-checks it, and a step naming a missing operator is a type error and
  * a `flujo validate` error. Build first: `npx tsc -p tsconfig.build.json`.
  */
@@ -127,8 +128,20 @@ describe('npm pack → npm install → npx flujo init → npx flujo run', () => 
     const pkg = JSON.parse(readFileSync(join(project, 'package.json'), 'utf8')) as {
       type: string;
       scripts: Record<string, string>;
+      dependencies: Record<string, string>;
+      devDependencies: Record<string, string>;
+      allowScripts: Record<string, unknown>;
     };
     expect(pkg.type).toBe('module');
+    // Node 24 for npx and the npm scripts, whatever node is on PATH, with npm 11's allowance for
+    // its install script; the dependencies installed before stay.
+    expect(pkg.devDependencies).toEqual({ node: '^24' });
+    expect(Object.keys(pkg.dependencies)).toEqual(
+      expect.arrayContaining(['flujo', 'typescript', '@types/node']),
+    );
+    expect(pkg.allowScripts).toEqual({ node: true });
+    expect(init.out).toContain('node:       Node ^24 as a devDependency');
+    expect(init.out).toContain('then:       npm install');
     expect(Object.keys(pkg.scripts)).toEqual(
       expect.arrayContaining(['run', 'resume', 'worker', 'typecheck']),
     );
@@ -150,6 +163,20 @@ describe('npm pack → npm install → npx flujo init → npx flujo run', () => 
     const tsc = await sh('npx', ['tsc', '-p', '.'], project);
     expect(tsc.code, tsc.out).toBe(0);
   }, 90_000);
+
+  it('init --no-node adds no Node devDependency and no allowScripts entry', async () => {
+    const init = await sh('npx', ['flujo', 'init', 'without-node', '--no-node'], project);
+    expect(init.code, init.err).toBe(0);
+    const pkg = JSON.parse(
+      readFileSync(join(project, 'without-node', 'package.json'), 'utf8'),
+    ) as Record<string, unknown>;
+    expect(pkg['type']).toBe('module');
+    expect(pkg['devDependencies']).toBeUndefined();
+    expect(pkg['allowScripts']).toBeUndefined();
+    expect(init.out).not.toContain('devDependency');
+    expect(init.out).not.toContain('npm install (in');
+    expect(init.out).toContain('job module: without-node/jobs/hello.ts');
+  });
 
   it('a step naming an operator the job lacks is a type error and a validate error', async () => {
     const bad = readFileSync(join(root, 'test/fixtures/jobs/typed-bad.ts'), 'utf8').replace(

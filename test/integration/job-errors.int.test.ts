@@ -199,6 +199,13 @@ describe('a job module is checked before anything is written', () => {
     expect(r.err).toMatch(
       /^flujo: this is Node 20\.11\.1 \(.*\); flujo needs Node 22\.12 or newer/,
     );
+    // The fix within the project comes first: Node 24 as a devDependency, then npx / npm run.
+    const fix = r.err.indexOf(
+      'npm pkg set allowScripts.node=true --json && npm install -D node@24',
+    );
+    expect(fix).toBeGreaterThan(0);
+    expect(r.err.indexOf('then run flujo as npx flujo')).toBeGreaterThan(fix);
+    expect(r.err.indexOf('nvm install 24')).toBeGreaterThan(fix);
     expect(await keyCount()).toBe(before);
   });
 });

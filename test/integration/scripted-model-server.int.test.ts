@@ -433,3 +433,129 @@ describe('scripted model server, bookkeeping', () => {
     expect(server.remaining).toBe(0);
   });
 });
+
+describe('scripted model server, answering forever', () => {
+  const tools = [
+    {
+      type: 'function' as const,
+      function: {
+        name: 'lookup',
+        description: 'Look a word up.',
+        parameters: { type: 'object', properties: { word: { type: 'string' } } },
+      },
+    },
+  ];
+
+  it('a default reply function answers every request the queue does not, from the request', async () => {
+    const seen: RecordedRequest[] = [];
+    const forever = await startScriptedModelServer({
+      defaultReply: async (request) => {
+        seen.push(request);
+        await new Promise((resolve) => setTimeout(resolve, 1));
+        const tool = request.tools[0]?.function?.name;
+        const answered = request.messages.some((m) => m.role === 'tool');
+        if (tool !== undefined && !answered) {
+          return { toolCalls: [{ name: tool, arguments: { word: 'durable' } }] };
+        }
+        return {
+          text: `${request.model}: ${String(request.messages.at(-1)?.content)} (${request.messages.length} messages, ${request.tools.length} tools)`,
+        };
+      },
+    });
+    const c = new OpenAI({ baseURL: forever.url, apiKey: 'test', maxRetries: 0, timeout: 5_000 });
+    try {
+      forever.enqueue({ text: 'queued first' });
+      const say = (content: string) =>
+        c.chat.completions.create({ model: 'm-1', messages: [{ role: 'user', content }] });
+      expect((await say('a')).choices[0]?.message.content).toBe('queued first');
+      expect(seen).toHaveLength(0);
+      // Many more requests than were ever queued: each answered by the function.
+      for (let i = 1; i <= 5; i++) {
+        expect((await say(`q${i}`)).choices[0]?.message.content).toBe(
+          `m-1: q${i} (1 messages, 0 tools)`,
+        );
+      }
+      expect(seen.map((r) => r.index)).toEqual([2, 3, 4, 5, 6]);
+      expect(forever.remaining).toBe(0);
+
+      // It sees the tools offered, and the conversation so far.
+      const first = await c.chat.completions.create({
+        model: 'm-2',
+        messages: [{ role: 'user', content: 'define durable' }],
+        tools,
+      });
+      const call = fnCalls(first.choices[0]?.message.tool_calls)[0];
+      expect(call?.function).toEqual({ name: 'lookup', arguments: '{"word":"durable"}' });
+      expect(seen.at(-1)?.tools).toEqual(tools);
+      const second = await c.chat.completions.create({
+        model: 'm-2',
+        messages: [
+          { role: 'user', content: 'define durable' },
+          { role: 'assistant', content: null, tool_calls: [call!] },
+          { role: 'tool', tool_call_id: call!.id, content: 'lasting' },
+        ],
+        tools,
+      });
+      expect(second.choices[0]?.message.content).toBe('m-2: lasting (3 messages, 1 tools)');
+      expect(forever.requestCount).toBe(8);
+
+      // reset() keeps it; setDefaultReply(undefined) removes it.
+      forever.reset();
+      expect((await say('after reset')).choices[0]?.message.content).toBe(
+        'm-1: after reset (1 messages, 0 tools)',
+      );
+      forever.setDefaultReply(undefined);
+      const error = await caught(say('nothing left'));
+      expect(error).toBeInstanceOf(InternalServerError);
+      expect((error as APIError).message).toContain(
+        'no scripted reply left for request #2 (model "m-1", last user message "nothing left"); enqueue more replies, or start the server with a defaultReply',
+      );
+    } finally {
+      await forever.close();
+    }
+  });
+
+  it('a fixed default reply plays again and again, streamed or not', async () => {
+    server.setDefaultReply({
+      text: 'always this',
+      usage: { prompt_tokens: 3, completion_tokens: 2 },
+    });
+    for (let i = 0; i < 3; i++) {
+      const completion = await ask(`n${i}`);
+      expect(completion.choices[0]?.message.content).toBe('always this');
+      expect(completion.usage).toMatchObject({ prompt_tokens: 3, completion_tokens: 2 });
+    }
+    let text = '';
+    for await (const chunk of await askStream('stream it')) {
+      text += chunk.choices[0]?.delta.content ?? '';
+    }
+    expect(text).toBe('always this');
+    expect(server.requestCount).toBe(4);
+    expect(server.requests.every((r) => r.answered)).toBe(true);
+  });
+
+  it('checks a default reply when it is given, and answers a bad function reply with a 500', async () => {
+    const refused = (() => {
+      try {
+        server.setDefaultReply({ txt: 'typo' } as never);
+        return undefined;
+      } catch (e) {
+        return e;
+      }
+    })();
+    expect(isFlujoError(refused, ErrorCode.ConfigurationInvalid)).toBe(true);
+    expect((refused as Error).message).toContain('defaultReply');
+    await expect(startScriptedModelServer({ defaultReply: { toolCalls: [] } })).rejects.toThrow(
+      /defaultReply/,
+    );
+    // A function is checked per request: one that throws answers that request with a 500.
+    server.setDefaultReply(() => {
+      throw new Error('no answer for this');
+    });
+    const error = await caught(ask());
+    expect(error).toBeInstanceOf(InternalServerError);
+    expect((error as APIError).message).toContain(
+      'the reply function for request #1 failed: no answer for this',
+    );
+  });
+});

@@ -1,9 +1,15 @@
 /**
- * `flujo init [dir]`: a project that runs a first durable job. Writes package.json ("type":
- * "module", scripts run, resume, worker, typecheck), a typed job module (`defineJob`), a
- * tsconfig.json and a README; keeps any file that is already there (an existing package.json
- * only gets "type": "module" and the scripts it lacks). Prints the job module's path and the
- * command that runs it.
+ * `flujo init [dir] [--no-node]`: a project that runs a first durable job. Writes package.json
+ * ("type": "module", scripts run, resume, worker, typecheck, and Node 24 as a devDependency), a
+ * typed job module (`defineJob`), a tsconfig.json and a README; keeps any file that is already
+ * there (an existing package.json only gets "type": "module", the scripts it lacks and the
+ * devDependency). Prints the job module's path and the command that runs it.
+ *
+ * Node: the npm package `node` as a devDependency installs a Node binary into
+ * node_modules/.bin, which npm puts first on PATH for `npx` and every npm script, so `npx flujo`
+ * and `npm run …` run on it whatever Node the machine has. Its install script fetches the binary
+ * for the platform; npm 11 asks for it to be allowed in `allowScripts`, which init sets too.
+ * `--no-node` leaves both out.
  */
 import { existsSync, mkdirSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { basename, join, relative, resolve } from 'node:path';
@@ -62,7 +68,7 @@ const TSCONFIG = `${JSON.stringify(
   2,
 )}\n`;
 
-const readme = (name: string) => `# ${name}
+const readme = (name: string, node: boolean) => `# ${name}
 
 A durable job with [flujo](https://www.npmjs.com/package/flujo).
 
@@ -73,10 +79,20 @@ npm run worker                   # a long-running worker for the job's runs
 npm run typecheck                # a step naming an operator the job lacks is a type error
 \`\`\`
 
-Redis: the commands start an embedded redis-server (its data in \`.flujo/redis\`, used from any
+${
+  node
+    ? `Node: package.json has the npm package \`node\` (Node 24) as a devDependency; \`npm install\`
+puts it in node_modules/.bin, where \`npx flujo\` and the npm scripts find it first.
+
+`
+    : ''
+}Redis: the commands start an embedded redis-server (its data in \`.flujo/redis\`, used from any
 folder of the project) unless \`REDIS_URL\` or \`--redis URL\` names one. \`npx flujo redis stop\`
 stops it.
 `;
+
+/** The Node the project gets as a devDependency (the npm package `node`). */
+export const NODE_RANGE = '^24';
 
 const SCRIPTS: Record<string, string> = {
   run: `flujo run ${JOB}`,
@@ -124,23 +140,44 @@ export function cmdInit(ctx: Ctx): number {
     basename(dir)
       .toLowerCase()
       .replace(/[^a-z0-9-_.]/g, '-') || 'flujo-jobs';
-  const next = { name, private: true, ...pkg, type: 'module', scripts };
+  const next: Record<string, unknown> = { name, private: true, ...pkg, type: 'module', scripts };
+  // Node as a devDependency, unless told not to or the project already names a `node` package.
+  const named = (field: string) =>
+    (pkg[field] as Record<string, unknown> | undefined)?.['node'] !== undefined;
+  const addNode =
+    ctx.values['no-node'] !== true && !named('dependencies') && !named('devDependencies');
+  if (addNode) {
+    next['devDependencies'] = {
+      ...(pkg['devDependencies'] as Record<string, string> | undefined),
+      node: NODE_RANGE,
+    };
+    next['allowScripts'] = {
+      ...(pkg['allowScripts'] as Record<string, unknown> | undefined),
+      node: true,
+    };
+  }
   writeFileSync(pkgPath, `${JSON.stringify(next, null, 2)}\n`);
   written.push('package.json');
   write(JOB, JOB_SOURCE);
   write('tsconfig.json', TSCONFIG);
-  write('README.md', readme(name));
+  write('README.md', readme(name, addNode));
 
   const job = displayPath(join(dir, JOB), ctx.cwd);
   const inside = relative(ctx.cwd, dir) || '.';
   console.log(`flujo init: wrote ${written.join(', ')} in ${inside}`);
   console.log(`job module: ${job}`);
   console.log(`run it:     ${flujoInvocation()} run ${job}`);
+  if (addNode) {
+    console.log(
+      `node:       Node ${NODE_RANGE} as a devDependency ("node": "${NODE_RANGE}", and "allowScripts": { "node": true } for its install script): after \`npm install\`, npx flujo and the npm scripts run on it, whatever node is on PATH (flujo init --no-node leaves it out)`,
+    );
+  }
   const deps = { ...(pkg['dependencies'] as Record<string, string> | undefined) };
   if (deps['flujo'] === undefined) {
     console.log(
       `(first install the package in ${inside}: npm install flujo, or the tarball or folder you have it as)`,
     );
   }
+  if (addNode) console.log(`then:       npm install (in ${inside}), to install that Node`);
   return ExitCode.ok;
 }
