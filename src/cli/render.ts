@@ -1,6 +1,7 @@
 /** How the CLI prints runs, events and ledgers: short human lines, or JSON with `--json`. */
 import type { LedgerEntry } from '../persistence/ledger.js';
 import type { StoredRunEvent } from '../persistence/snapshot-store.js';
+import { countModelCalls, reconciliationText } from '../persistence/quota-store.js';
 import type { PendingApproval, RunReport, RunUsage } from '../runtime.js';
 import { existsSync, realpathSync } from 'node:fs';
 import { delimiter, isAbsolute, join, relative, resolve } from 'node:path';
@@ -635,7 +636,7 @@ export function usageLines(usage: RunUsage): string[] {
         `${r.reservedTokens} tok ${usd(r.reservedMicroUsd)}`,
         r.charged === null ? '-' : `${r.charged.inputTokens}+${r.charged.outputTokens} tok`,
         r.charged === null ? '-' : usd(r.charged.microUsd),
-        r.outcome === null ? `open (${r.state})` : reconciledAs(r.outcome),
+        reconciliationText(r),
         time(r.reconciledAt ?? r.createdAt),
       ]),
     ];
@@ -649,12 +650,9 @@ export function usageLines(usage: RunUsage): string[] {
       );
   }
   if (reservations.length > 0) {
-    // A model call is a reservation whose request went out: charged its usage or the baseline.
-    const calls = reservations.filter((r) => r.outcome === 'usage' || r.outcome === 'baseline');
-    const released = reservations.filter((r) => r.outcome === 'none').length;
-    const open = reservations.filter((r) => r.outcome === null).length;
+    const { calls, released, open } = countModelCalls(reservations);
     lines.push(
-      `model calls: ${calls.length}; released without a call: ${released}${open === 0 ? '' : `; open: ${open}`}`,
+      `model calls: ${calls}; released without a call: ${released}${open === 0 ? '' : `; open: ${open}`}`,
     );
   }
   const limit = (n: number | null, unit: (v: number) => string) => (n === null ? 'none' : unit(n));
@@ -662,17 +660,6 @@ export function usageLines(usage: RunUsage): string[] {
     `total: spent ${totals.spentTokens} tokens ${usd(totals.spentMicroUsd)}; reserved now ${totals.reservedTokens} tokens ${usd(totals.reservedMicroUsd)}; budgets maxTokens ${limit(totals.maxTokens, String)}, maxCostUsd ${limit(totals.maxMicroUsd, (v) => usd(v).slice(1))}`,
   );
   return lines;
-}
-
-function reconciledAs(outcome: string): string {
-  switch (outcome) {
-    case 'usage':
-      return "usage (the provider's)";
-    case 'baseline':
-      return 'baseline (sent, no reply)';
-    default:
-      return 'released (nothing sent: no call)';
-  }
 }
 
 /** The run's lineage for `flujo status`: the run it replays, and its replays (none: no lines). */

@@ -10,6 +10,7 @@ import type { LedgerEntry } from '../persistence/ledger.js';
 import type { PendingApproval, RunReport, RunUsage, StepProgress } from '../runtime.js';
 import type { JsonValue } from '../internal/json.js';
 import type { StoredRunEvent } from '../persistence/snapshot-store.js';
+import { countModelCalls, reconciliationText } from '../persistence/quota-store.js';
 import type { SerializedError } from '../errors.js';
 import type { RunListEntry } from '../worker/run-list.js';
 import {
@@ -459,31 +460,13 @@ function usageHtml({ usage }: RunView): string {
   const rows = usage.reservations.map((r) => {
     const spent =
       r.charged === null ? '-' : `${r.charged.inputTokens} in + ${r.charged.outputTokens} out`;
-    return `<tr><td>${h(r.stepId)}</td><td>${r.turn}</td><td>${r.reservedTokens} tokens ${usd(r.reservedMicroUsd)}</td><td>${spent}</td><td>${r.charged === null ? '-' : usd(r.charged.microUsd)}</td><td>${h(reconciledAs(r.outcome, r.state))}</td></tr>`;
+    return `<tr><td>${h(r.stepId)}</td><td>${r.turn}</td><td>${r.reservedTokens} tokens ${usd(r.reservedMicroUsd)}</td><td>${spent}</td><td>${r.charged === null ? '-' : usd(r.charged.microUsd)}</td><td>${h(reconciliationText(r))}</td></tr>`;
   });
-  // A model call is a reservation whose request went out (charged its usage or the baseline), as
-  // `flujo usage` counts them; a reservation released with nothing sent is no call.
-  const calls = usage.reservations.filter(
-    (r) => r.outcome === 'usage' || r.outcome === 'baseline',
-  ).length;
-  const released = usage.reservations.filter((r) => r.outcome === 'none').length;
-  const open = usage.reservations.filter((r) => r.outcome === null).length;
+  // Counted as `flujo usage` counts them: a reservation released with nothing sent is no call.
+  const { calls, released, open } = countModelCalls(usage.reservations);
   const count = `<p class="small calls">model calls: <b>${calls}</b>; released without a call: ${released}${open === 0 ? '' : `; open: ${open}`}</p>`;
   return `${totals}${count}<table class="grid usage"><thead><tr><th>Step</th><th>Turn</th><th>Reserved</th><th>Spent</th><th>Cost</th><th>Reconciled</th></tr></thead>
 <tbody>${rows.join('\n')}</tbody></table>`;
-}
-
-function reconciledAs(outcome: string | null, state: string): string {
-  switch (outcome) {
-    case null:
-      return `open (${state})`;
-    case 'usage':
-      return "usage (the provider's)";
-    case 'baseline':
-      return 'baseline (sent, no reply)';
-    default:
-      return 'released (nothing sent: no call)';
-  }
 }
 
 /** The run's own actions: resume, cancel, send its input again as a new run. */

@@ -102,9 +102,11 @@ function expectOneStory(s: Story): void {
   expect(s.callsLine).toBe(`model calls: ${s.requests}; released without a call: ${s.released}`);
 }
 
-const matrix: Record<string, Story> = {};
-
-describe('an atomic agent step killed at each point: usage, events and trace agree', () => {
+/**
+ * Worker child processes on this test's prefix, model server and effect file (with `extra` in
+ * their environment), and a fresh prefix, directory and runtime for each test.
+ */
+function workerChildren(extra: Record<string, string>): ReturnType<typeof agentChildren> {
   const children = agentChildren(() => ({
     REDIS_URL: redisUrl(),
     FLUJO_PREFIX: prefix,
@@ -112,8 +114,8 @@ describe('an atomic agent step killed at each point: usage, events and trace agr
     EFFECT_FILE: join(dir, 'effects.log'),
     RECOVERY_MS: '1000',
     INPUT_PRICE: '0.15',
+    ...extra,
   }));
-
   beforeEach(async () => {
     scriptThreeTurns(model);
     prefix = testPrefix();
@@ -126,6 +128,13 @@ describe('an atomic agent step killed at each point: usage, events and trace agr
     await deleteRuntimeKeys(prefix);
     await rm(dir, { recursive: true, force: true });
   });
+  return children;
+}
+
+const matrix: Record<string, Story> = {};
+
+describe('an atomic agent step killed at each point: usage, events and trace agree', () => {
+  const children = workerChildren({});
   afterAll(() => {
     // The matrix, for whoever reads the test's output.
     process.stdout.write(
@@ -162,28 +171,7 @@ describe('an atomic agent step killed at each point: usage, events and trace agr
 });
 
 describe('an atomic agent step whose tool calls wait for approval in a worker process', () => {
-  const children = agentChildren(() => ({
-    REDIS_URL: redisUrl(),
-    FLUJO_PREFIX: prefix,
-    MODEL_URL: model.url,
-    EFFECT_FILE: join(dir, 'effects.log'),
-    RECOVERY_MS: '1000',
-    INPUT_PRICE: '0.15',
-    RISKY_NOTES: '1',
-  }));
-
-  beforeEach(async () => {
-    scriptThreeTurns(model);
-    prefix = testPrefix();
-    dir = await mkdtemp(join(tmpdir(), 'flujo-atomic-usage-'));
-    rt = createBareRuntime({ redis: redisUrl(), prefix, logger: silentLogger });
-  });
-  afterEach(async () => {
-    await children.killAll();
-    await rt.close();
-    await deleteRuntimeKeys(prefix);
-    await rm(dir, { recursive: true, force: true });
-  });
+  const children = workerChildren({ RISKY_NOTES: '1' });
 
   it('approved from another process, twice, and resumed: each call listed once', async () => {
     const runId = `run-${randomUUID().slice(0, 8)}`;

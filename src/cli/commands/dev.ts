@@ -23,11 +23,11 @@ import { mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, relative, resolve, sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { startUi, type UiServer } from '../../ui/server.js';
+import type { UiServer } from '../../ui/server.js';
 import { connect, projectRoot } from '../connect.js';
 import { parseConcurrency, type Ctx } from '../context.js';
 import { ExitCode, badInput } from '../exit-codes.js';
-import { parsePort } from './ui.js';
+import { listenUi, parsePort } from './ui.js';
 
 /** The package's root (dist/cli/commands → the root), its `flujo` binary and the import recorder. */
 const PACKAGE_ROOT = fileURLToPath(new URL('../../../', import.meta.url));
@@ -84,18 +84,7 @@ export async function cmdDev(ctx: Ctx): Promise<number> {
   const scratch = mkdtempSync(join(tmpdir(), 'flujo-dev-'));
   let ui: UiServer | undefined;
   try {
-    try {
-      ui = await startUi(conn.runtime(), { port, host });
-    } catch (error) {
-      const code = (error as NodeJS.ErrnoException).code;
-      if (code === 'EADDRINUSE') {
-        badInput(`--port ${port} is in use; pick another, e.g. --port 0 for any free port`);
-      }
-      if (code === 'EADDRNOTAVAIL' || code === 'ENOTFOUND' || code === 'EAI_AGAIN') {
-        badInput(`--host ${host} is not an address of this machine; pass e.g. --host 127.0.0.1`);
-      }
-      throw error;
-    }
+    ui = await listenUi(conn.runtime(), port, host);
     // A URL with a password is not printed: its server is named, and the user has its URL.
     const secret = new URL(conn.url).password !== '';
     say(

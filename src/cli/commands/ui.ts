@@ -1,4 +1,5 @@
 /** `flujo ui`: the web view of the runs of a prefix, until SIGINT or SIGTERM. */
+import type { Runtime } from '../../runtime.js';
 import { startUi, type UiServer } from '../../ui/server.js';
 import { connect } from '../connect.js';
 import type { Ctx } from '../context.js';
@@ -17,6 +18,25 @@ export function parsePort(text: string | undefined): number {
   return n;
 }
 
+/** Starts the web view on `host:port`; an address it cannot listen on is bad input naming the fix. */
+export async function listenUi(runtime: Runtime, port: number, host: string): Promise<UiServer> {
+  try {
+    return await startUi(runtime, { port, host });
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code === 'EADDRINUSE') {
+      badInput(`--port ${port} is in use; pick another, e.g. --port 0 for any free port`);
+    }
+    if (code === 'EADDRNOTAVAIL' || code === 'ENOTFOUND' || code === 'EAI_AGAIN') {
+      badInput(`--host ${host} is not an address of this machine; pass e.g. --host 127.0.0.1`);
+    }
+    if (code === 'EACCES') {
+      badInput(`--port ${port} needs more privileges; pick a port above 1023`);
+    }
+    throw error;
+  }
+}
+
 /** `flujo ui [--port P] [--host H]`. */
 export async function cmdUi(ctx: Ctx): Promise<number> {
   if (ctx.args.length > 0) badInput(`unexpected argument "${ctx.args[0]}"; see \`flujo --help\``);
@@ -26,22 +46,7 @@ export async function cmdUi(ctx: Ctx): Promise<number> {
   // Long-lived: it keeps reconnecting through a Redis restart.
   const conn = await connect({ ...ctx.values, cwd: ctx.cwd, env: ctx.env, long: true });
   try {
-    let ui: UiServer;
-    try {
-      ui = await startUi(conn.runtime(), { port, host });
-    } catch (error) {
-      const code = (error as NodeJS.ErrnoException).code;
-      if (code === 'EADDRINUSE') {
-        badInput(`--port ${port} is in use; pick another, e.g. --port 0 for any free port`);
-      }
-      if (code === 'EADDRNOTAVAIL' || code === 'ENOTFOUND' || code === 'EAI_AGAIN') {
-        badInput(`--host ${host} is not an address of this machine; pass e.g. --host 127.0.0.1`);
-      }
-      if (code === 'EACCES') {
-        badInput(`--port ${port} needs more privileges; pick a port above 1023`);
-      }
-      throw error;
-    }
+    const ui = await listenUi(conn.runtime(), port, host);
     console.log(`flujo ui: ${ui.url} (Ctrl-C stops it)`);
     await new Promise<void>((resolve) => {
       const stop = () => {
