@@ -1,7 +1,7 @@
 /** How the CLI prints runs, events and ledgers: short human lines, or JSON with `--json`. */
 import type { LedgerEntry } from '../persistence/ledger.js';
 import type { StoredRunEvent } from '../persistence/snapshot-store.js';
-import { countModelCalls, reconciliationText } from '../persistence/quota-store.js';
+import { countModelCalls, reconciliationText } from '../persistence/reservation-words.js';
 import type { PendingApproval, RunReport, RunUsage } from '../runtime.js';
 import { existsSync, realpathSync } from 'node:fs';
 import { delimiter, isAbsolute, join, relative, resolve } from 'node:path';

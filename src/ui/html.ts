@@ -10,7 +10,7 @@ import type { LedgerEntry } from '../persistence/ledger.js';
 import type { PendingApproval, RunReport, RunUsage, StepProgress } from '../runtime.js';
 import type { JsonValue } from '../internal/json.js';
 import type { StoredRunEvent } from '../persistence/snapshot-store.js';
-import { countModelCalls, reconciliationText } from '../persistence/quota-store.js';
+import { countModelCalls, reconciliationText } from '../persistence/reservation-words.js';
 import type { SerializedError } from '../errors.js';
 import type { RunListEntry } from '../worker/run-list.js';
 import {

@@ -1,5 +1,4 @@
 /** `flujo status`, `events`, `ledger` and `usage`: reading a run (no job module needed). */
-import { runtimeCore } from '../../runtime.js';
 import type { StoredRunEvent } from '../../persistence/snapshot-store.js';
 import { checkRunId, connect, runModule, type Connection } from '../connect.js';
 import { repeatFlags, type Ctx } from '../context.js';
@@ -90,7 +89,8 @@ export async function cmdEvents(ctx: Ctx): Promise<number> {
     process.on('SIGTERM', onSignal);
     try {
       const runtime = conn.runtime();
-      const core = runtimeCore(runtime);
+      // Loaded here, as connect() loads the runtime: only once Redis answered.
+      const core = (await import('../../runtime.js')).runtimeCore(runtime);
       // Read in batches (what is stored, then what each wake-up brings), each printed in order.
       for (let after: string | undefined; ;) {
         const batch: StoredRunEvent[] = [];
