@@ -271,9 +271,9 @@ describe('variables flujo cannot honour', () => {
     // A service name alone asks for nothing.
     expect(await sdkLoaded({ OTEL_SERVICE_NAME: 'mail-service' })).toBe(false);
     expect(posts).toEqual([]);
-    expect(
-      await sdkLoaded({ OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: `${endpoint}/v1/traces` }),
-    ).toBe(true);
+    expect(await sdkLoaded({ OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: `${endpoint}/v1/traces` })).toBe(
+      true,
+    );
     expect(posts.length).toBeGreaterThan(0);
   }, 60_000);
 });

@@ -42,14 +42,18 @@ describe('a command that cannot reach Redis', () => {
     [['approve', 'run-1', 'review', '--by', 'ana']],
     [['reject', 'run-1', 'review', '--by', 'ana']],
     [['cancel', 'run-1']],
-  ])('flujo %j exits 6 without loading the runtime or the stores', async (args) => {
-    const { code, modules } = await loaded(args);
-    expect(code).toBe(6);
-    // The CLI itself was loaded and logged: the check below is not vacuous.
-    expect(modules).toContain('cli/main.js');
-    const heavy = modules.filter((m) =>
-      /^(runtime|actors\/.*|persistence\/(quota-store|snapshot-store|ledger))\.js$/.test(m),
-    );
-    expect(heavy).toEqual([]);
-  }, 30_000);
+  ])(
+    'flujo %j exits 6 without loading the runtime or the stores',
+    async (args) => {
+      const { code, modules } = await loaded(args);
+      expect(code).toBe(6);
+      // The CLI itself was loaded and logged: the check below is not vacuous.
+      expect(modules).toContain('cli/main.js');
+      const heavy = modules.filter((m) =>
+        /^(runtime|actors\/.*|persistence\/(quota-store|snapshot-store|ledger))\.js$/.test(m),
+      );
+      expect(heavy).toEqual([]);
+    },
+    30_000,
+  );
 });
