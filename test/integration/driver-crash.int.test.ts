@@ -298,7 +298,16 @@ describe('driver: worker processes on one queue', () => {
     const first = await waitFor('the slow step to start', () =>
       executions().find((e) => e.runId === run.runId && e.stepId === 'slow'),
     );
-    expect((await run.status()).steps.find((s) => s.stepId === 'slow')?.status).toBe('RUNNING');
+    // The worker notes the start with a write it does not wait for (the operator may record
+    // its execution first): status shows RUNNING once that note lands, well inside 1 s.
+    await waitFor(
+      'status to show the slow step RUNNING',
+      async () =>
+        (await run.status()).steps.find((s) => s.stepId === 'slow')?.status === 'RUNNING'
+          ? true
+          : undefined,
+      1000,
+    );
     const victim = workers.find((w) => w.pid === first.pid)!;
     const survivor = workers.find((w) => w.pid !== first.pid)!;
     expect(victim).toBeDefined();
