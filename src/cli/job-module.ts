@@ -86,6 +86,61 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
   }
   const file = resolve(cwd, path);
   const name = JSON.stringify(path);
+  const mod = await importJobExports(name, file, cwd);
+  const plan = await loadPlan(name, mod['plan']);
+
+  const operators = checkOperators(name, mod['operators']);
+  const tools = checkTools(name, mod['tools']);
+  // A function is called after setup (see runSetup), and its agents are checked then.
+  const agentsBuilder =
+    typeof mod['agents'] === 'function' ? (mod['agents'] as AgentsBuilder) : undefined;
+  const agents = agentsBuilder === undefined ? checkAgents(name, mod['agents']) : [];
+  if (agentsBuilder === undefined) {
+    checkAgentSteps(name, plan, agents);
+    checkAgentTools(name, plan, agents);
+  }
+  const policies = checkPolicies(name, mod['policies'], plan);
+  checkOperatorSteps(name, plan, operators);
+
+  const input = checkInput(name, mod['input']);
+  const setup = mod['setup'];
+  if (setup !== undefined && typeof setup !== 'function') {
+    badInput(
+      `job module ${name}: setup must be a function, e.g. \`export async function setup({ dataDir }) { … }\``,
+    );
+  }
+  const pricing = await checkPricing(name, file, mod['pricing']);
+  const strictPricing = mod['strictPricing'];
+  if (strictPricing !== undefined && typeof strictPricing !== 'boolean') {
+    badInput(`job module ${name}: strictPricing must be true or false`);
+  }
+  return {
+    path,
+    file,
+    plan,
+    operators,
+    policies,
+    tools,
+    agents,
+    agentsBuilder,
+    input,
+    setup: setup as JobModule['setup'],
+    pricing,
+    strictPricing: strictPricing === true,
+  };
+}
+
+/**
+ * Imports the module at `file` and returns the exports that make the job: a default export with a
+ * plan (or any default object when there is no named `plan`), else the named exports. Each way it
+ * can fail (no such file, a directory, a module that does not load, a misspelt export) becomes a
+ * bad-input error that says how to fix it.
+ */
+async function importJobExports(
+  name: string,
+  file: string,
+  cwd: string,
+): Promise<Record<string, unknown>> {
   let isFile: boolean;
   try {
     isFile = statSync(file).isFile();
@@ -113,8 +168,16 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
       ? fallback
       : loaded;
   checkExportNames(name, mod);
+  return mod;
+}
 
-  let source: unknown = mod['plan'];
+/**
+ * The module's `plan` export as a checked plan. The export may be the plan itself, JSON text, or
+ * a function returning either (possibly async): it is called here, once, so a builder that throws
+ * is reported as the module's fault rather than as a crash.
+ */
+async function loadPlan(name: string, exported: unknown): Promise<Plan> {
+  let source = exported;
   if (source === undefined) {
     badInput(
       `job module ${name} exports no plan; add \`export const plan = { name: '…', steps: [...] }\` (or a function returning one)`,
@@ -127,25 +190,19 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
       badInput(`job module ${name}: its plan() threw: ${firstLine(error)}; fix the plan builder`);
     }
   }
-  let plan: Plan;
   try {
-    plan = parsePlan(source);
+    return parsePlan(source);
   } catch (error) {
     if (error instanceof PlanValidationError) badInput(`job module ${name}: ${error.message}`);
     throw error;
   }
+}
 
-  const operators = checkOperators(name, mod['operators']);
-  const tools = checkTools(name, mod['tools']);
-  // A function is called after setup (see runSetup), and its agents are checked then.
-  const agentsBuilder =
-    typeof mod['agents'] === 'function' ? (mod['agents'] as AgentsBuilder) : undefined;
-  const agents = agentsBuilder === undefined ? checkAgents(name, mod['agents']) : [];
-  if (agentsBuilder === undefined) {
-    checkAgentSteps(name, plan, agents);
-    checkAgentTools(name, plan, agents);
-  }
-  const policies = checkPolicies(name, mod['policies'], plan);
+/**
+ * Refuses an operator step whose operator the module does not define: caught here, before a run
+ * starts, rather than when a worker reaches the step.
+ */
+function checkOperatorSteps(name: string, plan: Plan, operators: Record<string, Operator>): void {
   for (const step of plan.steps) {
     const needed = step.kind === 'operator' ? step.operator : null;
     if (needed !== null && operators[needed] === undefined) {
@@ -155,8 +212,10 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
       );
     }
   }
+}
 
-  const input = mod['input'];
+/** The module's default run input, refused unless it is plain JSON (a run's input is stored). */
+function checkInput(name: string, input: unknown): JsonValue | undefined {
   if (input !== undefined) {
     const problems = findNonJson(input, 'input');
     if (problems.length > 0) {
@@ -164,31 +223,7 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
       badInput(`job module ${name}: its input is not plain JSON (${p.path}: ${p.message})`);
     }
   }
-  const setup = mod['setup'];
-  if (setup !== undefined && typeof setup !== 'function') {
-    badInput(
-      `job module ${name}: setup must be a function, e.g. \`export async function setup({ dataDir }) { … }\``,
-    );
-  }
-  const pricing = await checkPricing(name, file, mod['pricing']);
-  const strictPricing = mod['strictPricing'];
-  if (strictPricing !== undefined && typeof strictPricing !== 'boolean') {
-    badInput(`job module ${name}: strictPricing must be true or false`);
-  }
-  return {
-    path,
-    file,
-    plan,
-    operators,
-    policies,
-    tools,
-    agents,
-    agentsBuilder,
-    input: input as JsonValue | undefined,
-    setup: setup as JobModule['setup'],
-    pricing,
-    strictPricing: strictPricing === true,
-  };
+  return input as JsonValue | undefined;
 }
 
 /** What a job module may export. */
