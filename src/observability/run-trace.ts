@@ -239,219 +239,8 @@ function attemptAt(list: readonly TraceAttempt[], at: number): TraceAttempt | un
 /** Builds a run's trace from its stored records. */
 export function buildRunTrace(src: RunTraceSources): RunTrace {
   const kinds = new Map(src.plan.map((s) => [s.id, s.kind]));
-  const attempts = new Map<string, Map<number, TraceAttempt>>(
-    src.plan.map((s) => [s.id, new Map()]),
-  );
-  const stepWaits = new Map<string, TraceWait[]>(src.plan.map((s) => [s.id, []]));
-  const skips = new Map<string, TraceStep['skipped']>();
-  const finishedAt = new Map<string, number>();
-  const executions = new Map<string, TraceToolExecution[]>();
-  // When a turn's execution began, by step, attempt and turn: the worker's own record of it.
-  const turnBegan = new Map<string, number>();
-  const modelEvents = new Map<string, TraceModelCall[]>();
-  const gateSince = new Map<string, number>();
-  let stoppedAt: number | null = null;
-  let lastAt = src.createdAt;
-
-  const attemptOf = (stepId: string, n: number, at: number): TraceAttempt | undefined => {
-    const byNumber = attempts.get(stepId);
-    if (byNumber === undefined) return undefined;
-    let a = byNumber.get(n);
-    if (a === undefined) byNumber.set(n, (a = newAttempt(n, at)));
-    return a;
-  };
-
-  for (const e of src.events) {
-    const at = num(e['at']) ?? lastAt;
-    lastAt = Math.max(lastAt, at);
-    const stepId = str(e['stepId']) ?? '';
-    const n = ATTEMPT_EVENTS.has(e.type) ? num(e['attempt']) : null;
-    const a = n === null || n < 1 ? undefined : attemptOf(stepId, n, at);
-    const worker = workerOf(e['worker']);
-    if (a !== undefined && worker !== null && !a.workers.includes(worker)) a.workers.push(worker);
-    const turnOf = num(e['turn']);
-    const began = (t: number | null) => {
-      if (a === undefined || turnOf === null || t === null) return;
-      const key = `${stepId}\n${a.attempt}\n${turnOf}`;
-      turnBegan.set(key, Math.min(turnBegan.get(key) ?? t, t));
-    };
-    switch (e.type) {
-      case 'step.succeeded':
-      case 'step.failed':
-      case 'step.skipped': {
-        if (e.type !== 'step.failed') finishedAt.set(stepId, at);
-        if (a === undefined) {
-          if (e.type === 'step.skipped') {
-            skips.set(stepId, { at, reason: str(e['reason']) ?? '', by: str(e['by']) });
-          }
-          break;
-        }
-        a.end = at;
-        a.outcome =
-          e.type === 'step.succeeded'
-            ? 'succeeded'
-            : e.type === 'step.failed'
-              ? 'failed'
-              : 'skipped';
-        const error = e['error'] as Record<string, unknown> | undefined;
-        if (e.type === 'step.failed' && error !== undefined) {
-          a.error = {
-            code: str(error['code']) ?? 'unknown',
-            message: str(error['message']) ?? '',
-            retryable: error['retryable'] === true,
-          };
-        }
-        break;
-      }
-      case 'turn.committed': {
-        const turn = num(e['turn']);
-        if (a === undefined || turn === null) break;
-        const before = a.turns.at(-1);
-        a.turns.push({ turn, start: before?.end ?? a.start, end: at, outcome: 'committed' });
-        break;
-      }
-      case 'tool.approvalRequested':
-        a?.waits.push({
-          kind: 'tool',
-          start: at,
-          end: null,
-          decision: null,
-          by: null,
-          comment: null,
-          tool: str(e['tool']),
-          callId: str(e['callId']),
-        });
-        break;
-      case 'gate.approved':
-      case 'gate.rejected': {
-        const decision = e.type === 'gate.approved' ? 'approved' : 'rejected';
-        const callId = str(e['callId']);
-        const decided = {
-          end: at,
-          decision,
-          by: str(e['by']),
-          comment: str(e['comment']),
-        } as const;
-        if (callId !== null) {
-          const open = [...(attempts.get(stepId)?.values() ?? [])]
-            .flatMap((x) => x.waits)
-            .find((w) => w.callId === callId && w.end === null);
-          if (open !== undefined) Object.assign(open, decided);
-        } else {
-          stepWaits.get(stepId)?.push({
-            kind: 'gate',
-            start: gateSince.get(stepId) ?? gateStart(src, finishedAt, stepId),
-            ...decided,
-            tool: null,
-            callId: null,
-          });
-        }
-        break;
-      }
-      case 'step.changed':
-        // A gate starts waiting when its step goes to WAITING_APPROVAL outside any attempt.
-        if (e['to'] === 'WAITING_APPROVAL' && num(e['attempt']) === 0) gateSince.set(stepId, at);
-        break;
-      case 'run.cancelled':
-      case 'run.stopped':
-        stoppedAt = at;
-        break;
-      case 'tool.called': {
-        const callId = str(e['callId']);
-        if (callId === null) break;
-        const list = executions.get(callId) ?? [];
-        list.push({
-          at,
-          verdict: eventVerdict(e),
-          durationMs: num(e['durationMs']),
-          turn: num(e['turn']),
-        });
-        executions.set(callId, list);
-        break;
-      }
-      case 'step.ran':
-      case 'turn.ran':
-        began(num(e['startedAt']));
-        break;
-      case 'step.takenOver':
-      case 'turn.takenOver': {
-        const previousStartedAt = num(e['previousStartedAt']);
-        began(previousStartedAt);
-        a?.takeovers.push({
-          at,
-          turn: turnOf,
-          previousWorker: workerOf(e['previousWorker']),
-          previousStartedAt,
-          worker,
-        });
-        break;
-      }
-      case 'model.called': {
-        // A reservation released with nothing sent (recorded by an earlier release) is no call.
-        if (e['charged'] === 'none') break;
-        const list = modelEvents.get(stepId) ?? [];
-        const duration = num(e['durationMs']);
-        const start = num(e['startedAt']) ?? (duration === null ? at : at - duration);
-        list.push({
-          turn: num(e['turn']) ?? 0,
-          model: str(e['model']),
-          start,
-          end: at,
-          inputTokens: num(e['inputTokens']),
-          outputTokens: num(e['outputTokens']),
-          costUsd: num(e['costUsd']),
-          outcome: str(e['charged']) ?? str(e['outcome']) ?? 'recorded',
-        });
-        modelEvents.set(stepId, list);
-        break;
-      }
-      default:
-        break;
-    }
-  }
-
-  const steps: TraceStep[] = src.plan.map((p) => {
-    const state = src.steps.find((s) => s.stepId === p.id);
-    const status = state?.status ?? 'PENDING';
-    const list = [...(attempts.get(p.id)?.values() ?? [])].sort((x, y) => x.attempt - y.attempt);
-    openAttempt(src, p.id, status, state?.attempt ?? 0, list);
-    for (const a of list) {
-      if (a.end !== null) continue;
-      if (status === 'WAITING_APPROVAL' && a.attempt === state?.attempt) a.outcome = 'waiting';
-      else if (isLive(status) && a.attempt === state?.attempt) a.outcome = 'running';
-      else {
-        a.outcome = 'cancelled';
-        a.end = stoppedAt;
-      }
-    }
-    const waits = stepWaits.get(p.id) ?? [];
-    if (status === 'WAITING_APPROVAL' && p.kind === 'human_gate' && list.length === 0) {
-      waits.push({
-        kind: 'gate',
-        start: gateSince.get(p.id) ?? gateStart(src, finishedAt, p.id),
-        end: null,
-        decision: null,
-        by: null,
-        comment: null,
-        tool: null,
-        callId: null,
-      });
-    }
-    addModelCalls(list, modelEvents.get(p.id), src.reservations, p.id);
-    addTurns(list, kinds.get(p.id) === 'agent', (a, turn) =>
-      turnBegan.get(`${p.id}\n${a.attempt}\n${turn}`),
-    );
-    addToolCalls(list, src.ledger, p.id, executions);
-    return {
-      stepId: p.id,
-      kind: p.kind,
-      status,
-      attempts: list,
-      waits,
-      skipped: skips.get(p.id) ?? null,
-    };
-  });
-
+  const index = indexEvents(src);
+  const steps = src.plan.map((p) => traceStep(src, index, p, kinds.get(p.id) === 'agent'));
   return {
     version: 1,
     runId: src.runId,
@@ -460,9 +249,314 @@ export function buildRunTrace(src: RunTraceSources): RunTrace {
     status: src.status,
     traceId: src.traceparent?.split('-')[1] ?? null,
     start: src.createdAt,
-    end: FINISHED.has(src.status) ? lastAt : null,
+    end: FINISHED.has(src.status) ? index.lastAt : null,
     steps,
   };
+}
+
+/**
+ * What the run's event stream says, gathered in one pass before any step is built: a step's
+ * trace also needs what the run's later events say (a decision, a stop, the last event's time).
+ */
+interface EventIndex {
+  /** The attempts the events name, by step and attempt number. */
+  attempts: Map<string, Map<number, TraceAttempt>>;
+  /** The decided gate waits of each step (outside any attempt). */
+  stepWaits: Map<string, TraceWait[]>;
+  skips: Map<string, TraceStep['skipped']>;
+  /** When each step last succeeded or was skipped: where a gate after it starts waiting. */
+  finishedAt: Map<string, number>;
+  /** The recorded executions of each tool call, by call id. */
+  executions: Map<string, TraceToolExecution[]>;
+  /** When a turn's execution began, by step, attempt and turn: the worker's own record of it. */
+  turnBegan: Map<string, number>;
+  /** The recorded model calls of each step. */
+  modelEvents: Map<string, TraceModelCall[]>;
+  /** When each step's gate started waiting, when an event says so. */
+  gateSince: Map<string, number>;
+  /** When the run was cancelled or stopped: the end of an attempt it cut short. */
+  stoppedAt: number | null;
+  /** The time of the latest event (or the run's creation). */
+  lastAt: number;
+}
+
+/** One event, read: its time, its step and the attempt it belongs to, if any. */
+interface ReadEvent {
+  e: RunTraceSources['events'][number];
+  at: number;
+  stepId: string;
+  attempt: TraceAttempt | undefined;
+  worker: string | null;
+}
+
+/** Reads the run's events in order into an {@link EventIndex}. */
+function indexEvents(src: RunTraceSources): EventIndex {
+  const index: EventIndex = {
+    attempts: new Map(src.plan.map((s) => [s.id, new Map<number, TraceAttempt>()])),
+    stepWaits: new Map(src.plan.map((s) => [s.id, [] as TraceWait[]])),
+    skips: new Map(),
+    finishedAt: new Map(),
+    executions: new Map(),
+    turnBegan: new Map(),
+    modelEvents: new Map(),
+    gateSince: new Map(),
+    stoppedAt: null,
+    lastAt: src.createdAt,
+  };
+  for (const e of src.events) {
+    const at = num(e['at']) ?? index.lastAt;
+    index.lastAt = Math.max(index.lastAt, at);
+    const stepId = str(e['stepId']) ?? '';
+    const n = ATTEMPT_EVENTS.has(e.type) ? num(e['attempt']) : null;
+    const attempt = n === null || n < 1 ? undefined : attemptOf(index, stepId, n, at);
+    const worker = workerOf(e['worker']);
+    if (attempt !== undefined && worker !== null && !attempt.workers.includes(worker)) {
+      attempt.workers.push(worker);
+    }
+    readEvent(src, index, { e, at, stepId, attempt, worker });
+  }
+  return index;
+}
+
+/** The attempt `n` of a step of the plan, created when first named (at `at`). */
+function attemptOf(
+  index: EventIndex,
+  stepId: string,
+  n: number,
+  at: number,
+): TraceAttempt | undefined {
+  const byNumber = index.attempts.get(stepId);
+  if (byNumber === undefined) return undefined;
+  let a = byNumber.get(n);
+  if (a === undefined) byNumber.set(n, (a = newAttempt(n, at)));
+  return a;
+}
+
+/** Adds what one event says to the index. */
+function readEvent(src: RunTraceSources, index: EventIndex, read: ReadEvent): void {
+  const { e, at, stepId, attempt: a, worker } = read;
+  switch (e.type) {
+    case 'step.succeeded':
+    case 'step.failed':
+    case 'step.skipped':
+      readStepEnd(index, read);
+      break;
+    case 'turn.committed': {
+      const turn = num(e['turn']);
+      if (a === undefined || turn === null) break;
+      const before = a.turns.at(-1);
+      a.turns.push({ turn, start: before?.end ?? a.start, end: at, outcome: 'committed' });
+      break;
+    }
+    case 'tool.approvalRequested':
+      a?.waits.push({
+        kind: 'tool',
+        start: at,
+        end: null,
+        decision: null,
+        by: null,
+        comment: null,
+        tool: str(e['tool']),
+        callId: str(e['callId']),
+      });
+      break;
+    case 'gate.approved':
+    case 'gate.rejected':
+      readDecision(src, index, read);
+      break;
+    case 'step.changed':
+      // A gate starts waiting when its step goes to WAITING_APPROVAL outside any attempt.
+      if (e['to'] === 'WAITING_APPROVAL' && num(e['attempt']) === 0) {
+        index.gateSince.set(stepId, at);
+      }
+      break;
+    case 'run.cancelled':
+    case 'run.stopped':
+      index.stoppedAt = at;
+      break;
+    case 'tool.called': {
+      const callId = str(e['callId']);
+      if (callId === null) break;
+      const list = index.executions.get(callId) ?? [];
+      list.push({
+        at,
+        verdict: eventVerdict(e),
+        durationMs: num(e['durationMs']),
+        turn: num(e['turn']),
+      });
+      index.executions.set(callId, list);
+      break;
+    }
+    case 'step.ran':
+    case 'turn.ran':
+      noteTurnBegan(index, read, num(e['startedAt']));
+      break;
+    case 'step.takenOver':
+    case 'turn.takenOver': {
+      const previousStartedAt = num(e['previousStartedAt']);
+      noteTurnBegan(index, read, previousStartedAt);
+      a?.takeovers.push({
+        at,
+        turn: num(e['turn']),
+        previousWorker: workerOf(e['previousWorker']),
+        previousStartedAt,
+        worker,
+      });
+      break;
+    }
+    case 'model.called':
+      readModelCall(index, read);
+      break;
+    default:
+      break;
+  }
+}
+
+/** A step's end: its attempt's outcome (and error), or a skip outside any attempt. */
+function readStepEnd(index: EventIndex, { e, at, stepId, attempt: a }: ReadEvent): void {
+  if (e.type !== 'step.failed') index.finishedAt.set(stepId, at);
+  if (a === undefined) {
+    if (e.type === 'step.skipped') {
+      index.skips.set(stepId, { at, reason: str(e['reason']) ?? '', by: str(e['by']) });
+    }
+    return;
+  }
+  a.end = at;
+  a.outcome =
+    e.type === 'step.succeeded' ? 'succeeded' : e.type === 'step.failed' ? 'failed' : 'skipped';
+  const error = e['error'] as Record<string, unknown> | undefined;
+  if (e.type === 'step.failed' && error !== undefined) {
+    a.error = {
+      code: str(error['code']) ?? 'unknown',
+      message: str(error['message']) ?? '',
+      retryable: error['retryable'] === true,
+    };
+  }
+}
+
+/**
+ * A decision: on a tool call, it closes that call's open wait in whichever attempt asked; on a
+ * step's gate, it records the gate's whole wait, from when the gate started waiting.
+ */
+function readDecision(src: RunTraceSources, index: EventIndex, { e, at, stepId }: ReadEvent): void {
+  const decision = e.type === 'gate.approved' ? 'approved' : 'rejected';
+  const callId = str(e['callId']);
+  const decided = {
+    end: at,
+    decision,
+    by: str(e['by']),
+    comment: str(e['comment']),
+  } as const;
+  if (callId !== null) {
+    const open = [...(index.attempts.get(stepId)?.values() ?? [])]
+      .flatMap((x) => x.waits)
+      .find((w) => w.callId === callId && w.end === null);
+    if (open !== undefined) Object.assign(open, decided);
+  } else {
+    index.stepWaits.get(stepId)?.push({
+      kind: 'gate',
+      start: index.gateSince.get(stepId) ?? gateStart(src, index.finishedAt, stepId),
+      ...decided,
+      tool: null,
+      callId: null,
+    });
+  }
+}
+
+/**
+ * When a worker began the event's turn (or took it over): the earliest such time is kept, to
+ * place the turn's start after a crash left it untaken for a while.
+ */
+function noteTurnBegan(
+  index: EventIndex,
+  { e, stepId, attempt: a }: ReadEvent,
+  t: number | null,
+): void {
+  const turn = num(e['turn']);
+  if (a === undefined || turn === null || t === null) return;
+  const key = `${stepId}\n${a.attempt}\n${turn}`;
+  index.turnBegan.set(key, Math.min(index.turnBegan.get(key) ?? t, t));
+}
+
+/** A model call a worker recorded, timed from its start (or its duration) to the event. */
+function readModelCall(index: EventIndex, { e, at, stepId }: ReadEvent): void {
+  // A reservation released with nothing sent (recorded by an earlier release) is no call.
+  if (e['charged'] === 'none') return;
+  const list = index.modelEvents.get(stepId) ?? [];
+  const duration = num(e['durationMs']);
+  const start = num(e['startedAt']) ?? (duration === null ? at : at - duration);
+  list.push({
+    turn: num(e['turn']) ?? 0,
+    model: str(e['model']),
+    start,
+    end: at,
+    inputTokens: num(e['inputTokens']),
+    outputTokens: num(e['outputTokens']),
+    costUsd: num(e['costUsd']),
+    outcome: str(e['charged']) ?? str(e['outcome']) ?? 'recorded',
+  });
+  index.modelEvents.set(stepId, list);
+}
+
+/** One step's trace: its attempts as the events left them, completed from its current state. */
+function traceStep(
+  src: RunTraceSources,
+  index: EventIndex,
+  p: RunTraceSources['plan'][number],
+  isAgent: boolean,
+): TraceStep {
+  const state = src.steps.find((s) => s.stepId === p.id);
+  const status = state?.status ?? 'PENDING';
+  const list = [...(index.attempts.get(p.id)?.values() ?? [])].sort(
+    (x, y) => x.attempt - y.attempt,
+  );
+  openAttempt(src, p.id, status, state?.attempt ?? 0, list);
+  settleAttempts(list, status, state?.attempt, index.stoppedAt);
+  const waits = index.stepWaits.get(p.id) ?? [];
+  if (status === 'WAITING_APPROVAL' && p.kind === 'human_gate' && list.length === 0) {
+    waits.push({
+      kind: 'gate',
+      start: index.gateSince.get(p.id) ?? gateStart(src, index.finishedAt, p.id),
+      end: null,
+      decision: null,
+      by: null,
+      comment: null,
+      tool: null,
+      callId: null,
+    });
+  }
+  addModelCalls(list, index.modelEvents.get(p.id), src.reservations, p.id);
+  addTurns(list, isAgent, (a, turn) => index.turnBegan.get(`${p.id}\n${a.attempt}\n${turn}`));
+  addToolCalls(list, src.ledger, p.id, index.executions);
+  return {
+    stepId: p.id,
+    kind: p.kind,
+    status,
+    attempts: list,
+    waits,
+    skipped: index.skips.get(p.id) ?? null,
+  };
+}
+
+/**
+ * The outcome of each attempt no event ended: the step's current attempt is waiting or running as
+ * its status says; any other was cut short, at the run's stop if it stopped.
+ */
+function settleAttempts(
+  list: TraceAttempt[],
+  status: string,
+  current: number | undefined,
+  stoppedAt: number | null,
+): void {
+  for (const a of list) {
+    if (a.end !== null) continue;
+    if (status === 'WAITING_APPROVAL' && a.attempt === current) a.outcome = 'waiting';
+    else if (isLive(status) && a.attempt === current) a.outcome = 'running';
+    else {
+      a.outcome = 'cancelled';
+      a.end = stoppedAt;
+    }
+  }
 }
 
 const isLive = (status: string): boolean => status === 'RUNNING' || status === 'READY';
