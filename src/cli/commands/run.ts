@@ -16,7 +16,7 @@ import {
 } from '../context.js';
 import { ExitCode, badInput } from '../exit-codes.js';
 import { loadJobModule, runSetup, type JobModule } from '../job-module.js';
-import { parseOutageLimit, watchRedis } from '../outage.js';
+import { parseOutageLimit, watchRedis, type RedisWatch } from '../outage.js';
 import {
   nextCommands,
   resumeCommand,
@@ -282,6 +282,61 @@ function showStatus(worker: FlujoWorker, every: number | undefined): () => void 
   };
 }
 
+/** Resolves once Redis has not answered for `ms` in a row (as the watch's PINGs see it). */
+function redisGoneFor(watch: RedisWatch, ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    let downSince: number | null = null;
+    const timer = setInterval(() => {
+      if (signal.aborted) return clearInterval(timer);
+      if (watch.up) downSince = null;
+      else downSince ??= Date.now();
+      if (downSince !== null && Date.now() - downSince >= ms) {
+        clearInterval(timer);
+        resolve();
+      }
+    }, 100);
+  });
+}
+
+/**
+ * Stops a worker on SIGINT or SIGTERM: its running units finish and commit first. It does not
+ * wait for what cannot come: when Redis has not answered for the connection's timeout, no unit
+ * can commit, so the worker stops without them; a second signal stops it at once. Either way a
+ * unit that did not commit is not lost: its job is redelivered to a worker once its lock expires
+ * (and Redis answers), and its guard and the ledger keep its effects from running twice.
+ */
+async function stopWorker(worker: FlujoWorker, watch: RedisWatch, conn: Connection) {
+  console.log('flujo worker: stopping (running units finish first; a second Ctrl-C stops at once)');
+  const done = new AbortController();
+  const again = new Promise<'again'>((resolve) => {
+    const stop = () => resolve('again');
+    process.once('SIGINT', stop);
+    process.once('SIGTERM', stop);
+    done.signal.addEventListener('abort', () => {
+      process.off('SIGINT', stop);
+      process.off('SIGTERM', stop);
+    });
+  });
+  const how = await Promise.race([
+    worker.close().then(() => 'closed' as const),
+    again,
+    redisGoneFor(watch, conn.timeoutMs, done.signal).then(() => 'gone' as const),
+  ]);
+  done.abort();
+  watch.stop();
+  if (how === 'again') {
+    console.log(
+      'flujo worker: stopped at once; a unit that was running runs again on a worker once its job lock expires',
+    );
+  } else if (how === 'gone') {
+    console.error(
+      `flujo worker: Redis at ${conn.target} does not answer; stopped without waiting for the running units (each runs again on a worker once Redis is back)`,
+    );
+    return ExitCode.redisUnavailable;
+  }
+  return ExitCode.ok;
+}
+
 export async function cmdWorker(ctx: Ctx): Promise<number> {
   if (ctx.args.length > 1) badInput(`unexpected argument "${ctx.args[1]}"; see \`flujo --help\``);
   const concurrency = parseConcurrency(ctx.values.concurrency);
@@ -307,11 +362,9 @@ export async function cmdWorker(ctx: Ctx): Promise<number> {
       );
       const hideStatus = showStatus(worker, statusEvery);
       await stopped;
-      console.log('flujo worker: stopping (running units finish first)');
-      watch.stop();
-      await worker.close();
+      const code = await stopWorker(worker, watch, conn);
       hideStatus();
-      return ExitCode.ok;
+      return code;
     } finally {
       await teardown();
     }
