@@ -70,7 +70,7 @@ export interface SerializedError {
   retryable: boolean;
   retryAfterMs?: number | undefined;
   details?: unknown;
-  /** What user code threw, as thrown: its class, message, stack and causes (see {@link describeThrown}). */
+  /** What user code threw, as thrown: its class, message, stack and causes (see `describeThrown`). */
   thrown?: ThrownError | undefined;
 }
 
@@ -438,7 +438,7 @@ export class InvariantError extends FlujoError {
   }
 }
 
-/** Anything thrown that was not a runtime error, normalized by {@link toFlujoError}. */
+/** Anything thrown that was not a runtime error, normalized by `toFlujoError`. */
 export class UnknownError extends FlujoError {
   override name = 'UnknownError';
   readonly code = ErrorCode.Unknown;

@@ -9,9 +9,13 @@ import { pino } from 'pino';
 
 /** A structured logger: pino's method shape (fields first, then the message). */
 export interface Logger {
+  /** Records a detail for debugging. */
   debug(fields: object, message: string): void;
+  /** Records a notable event. */
   info(fields: object, message: string): void;
+  /** Records something that went wrong and was handled. */
   warn(fields: object, message: string): void;
+  /** Records a failure. */
   error(fields: object, message: string): void;
 }
 

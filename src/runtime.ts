@@ -142,7 +142,7 @@ export interface RunReport {
   lineage?: RunLineage;
   /**
    * Work that is due (a READY step, a retry whose time came) and that no worker has taken for
-   * {@link IDLE_WORK_MS} or more: no worker is running on this prefix, or all are busy. Null
+   * `IDLE_WORK_MS` or more: no worker is running on this prefix, or all are busy. Null
    * otherwise.
    */
   idle: { stepId: string; dueSince: number; idleMs: number } | null;
@@ -160,7 +160,7 @@ export interface StepProgress {
 /** How long due work waits for a worker before a report calls it idle. */
 export const IDLE_WORK_MS = 5000;
 
-/** The first due step no worker has taken for {@link IDLE_WORK_MS}, if any. */
+/** The first due step no worker has taken for `IDLE_WORK_MS`, if any. */
 function idleWork(steps: readonly StepState[], now: number): RunReport['idle'] {
   for (const s of steps) {
     const dueSince =
@@ -304,10 +304,12 @@ export interface Runtime {
    * unless `allowEffects`. `fromStep` reuses the outputs of the steps that do not depend on it.
    */
   replay(runId: string, options: { mode: 'reproduce' }): Promise<ReproducedRun>;
+  /** Replays or regenerates a run as a new run (see the first signature). */
   replay(
     runId: string,
     options: ReplayOptions & { mode: 'replay' | 'regenerate' },
   ): Promise<ReplayedRun>;
+  /** Reproduces, replays or regenerates a run, as `options.mode` says (see the first signature). */
   replay(runId: string, options: ReplayOptions): Promise<ReproducedRun | ReplayedRun>;
   /** The run's tool-call ledger. */
   ledger(runId: string): Promise<LedgerEntry[]>;

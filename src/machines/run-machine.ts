@@ -253,7 +253,7 @@ const forward = ({ event }: { event: StepEvent & { stepId: string } }): StepMess
  * or `failed` (it rests there until `run.resumed`, which reopens each failed or cancelled step with
  * a fresh step actor under the same id, its attempts going on).
  *
- * Run it as an actor: `createActor(runMachine, { input: plan })` (a {@link RunMachineInput}), send
+ * Run it as an actor: `createActor(runMachine, { input: plan })` (a `RunMachineInput`), send
  * it the run events of `src/schemas/events.ts`, and read each step from
  * `getSnapshot().children[stepId].getSnapshot()`. A persisted snapshot
  * (`actor.getPersistedSnapshot()`, or a stored run) restores with every step through
@@ -264,7 +264,7 @@ const forward = ({ event }: { event: StepEvent & { stepId: string } }): StepMess
  * the run ends `failed` once nothing can move. A SKIPPED step satisfies its dependents. A skip
  * request (`step.skipped` naming no attempt) of a step that failed finally or was cancelled, in a
  * run that was not cancelled, hands the step's id to a fresh actor that is skipped at once, and
- * reopens the dependents cancelled because of it (see {@link reopenedBySkip}): a failed run goes
+ * reopens the dependents cancelled because of it (see `reopenedBySkip`): a failed run goes
  * on (or succeeds). A SUCCEEDED or SKIPPED step stays as it is.
  *
  * Pure: it reads no clock and draws no random number. What must happen outside (execute a step,

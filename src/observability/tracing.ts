@@ -138,7 +138,9 @@ let pinned: { traceId: string; spanId: string } | undefined;
 
 /** The id generator of an OpenTelemetry SDK's tracer provider (its `idGenerator` option). */
 export interface SpanIdGenerator {
+  /** A new trace id: 32 hex digits. */
   generateTraceId(): string;
+  /** A new span id: 16 hex digits. */
   generateSpanId(): string;
 }
 

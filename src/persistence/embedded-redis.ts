@@ -35,7 +35,7 @@ export function projectRoot(cwd: string = process.cwd()): string {
 
 /**
  * The embedded server's data directory for a process run in `cwd`: `.flujo/redis` of its
- * {@link projectRoot}.
+ * `projectRoot`.
  */
 export const embeddedDataDir = (cwd: string = process.cwd()): string =>
   join(projectRoot(cwd), '.flujo', 'redis');
@@ -44,7 +44,7 @@ export const embeddedDataDir = (cwd: string = process.cwd()): string =>
 export interface EmbeddedRedisOptions {
   /**
    * Where Redis keeps its append-only file. @defaultValue `.flujo/redis` of the project of `cwd`
-   * (see {@link projectRoot}), as the `flujo` command does
+   * (see `projectRoot`), as the `flujo` command does
    */
   dataDir?: string;
   /** The folder whose project is used when `dataDir` is not given. @defaultValue `process.cwd()` */
@@ -327,8 +327,8 @@ function tryLock(path: string, staleMs: number): boolean {
  * process killed with SIGKILL loses nothing that Redis acknowledged. When the recorded server is
  * gone, a new one starts on the same directory and replays its append-only file. Concurrent
  * callers start at most one server (a lock file in `dataDir`). Stop it with
- * {@link stopEmbeddedRedis}. Without `dataDir` it is `.flujo/redis` of the project (see
- * {@link projectRoot}), from any of its subfolders: the server of the `flujo` command.
+ * `stopEmbeddedRedis`. Without `dataDir` it is `.flujo/redis` of the project (see
+ * `projectRoot`), from any of its subfolders: the server of the `flujo` command.
  */
 export async function ensureEmbeddedRedis(
   options: EmbeddedRedisOptions = {},

@@ -104,7 +104,7 @@ export interface ModelJournal {
   list(runId: string): Promise<JournaledReply[]>;
 }
 
-/** One reply as {@link ModelJournal.list} reads it. */
+/** One reply as `ModelJournal.list` reads it. */
 export interface JournaledReply {
   stepId: string;
   /** The granular turn (0-based) it answered, or null for an atomic step's reply. */

@@ -77,7 +77,7 @@ export interface ReserveRequest {
   at?: number;
 }
 
-/** How a call ended, for {@link QuotaStore.reconcile}. */
+/** How a call ended, for `QuotaStore.reconcile`. */
 export type ReconcileOutcome =
   /** The provider's reply reported usage: the truth, even above the estimate. */
   | { kind: 'usage'; inputTokens: number; outputTokens: number; microUsd: number }
@@ -123,7 +123,7 @@ export interface Reservation {
   seq: number;
 }
 
-/** What {@link QuotaStore.reconcile} returns. */
+/** What `QuotaStore.reconcile` returns. */
 export interface ReconcileResult {
   /** The reservation after the call. */
   reservation: Reservation;

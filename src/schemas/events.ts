@@ -192,14 +192,22 @@ export const runEventSchema = z.discriminatedUnion('type', [
 
 export type StepStartedEvent = z.infer<typeof stepStartedSchema>;
 export type ToolApprovalRequestedEvent = z.infer<typeof toolApprovalRequestedSchema>;
+/** An attempt of a step finished and returned its output (`step.succeeded`). */
 export type StepSucceededEvent = z.infer<typeof stepSucceededSchema>;
 export type StepCacheHitEvent = z.infer<typeof stepCacheHitSchema>;
+/** An attempt of a step failed (`step.failed`); its error says whether it may be retried. */
 export type StepFailedEvent = z.infer<typeof stepFailedSchema>;
+/** A step was skipped (`step.skipped`): its dependents run with its output `null`. */
 export type StepSkippedEvent = z.infer<typeof stepSkippedSchema>;
+/** A person approved a step's gate or the tool call it waits on (`gate.approved`). */
 export type GateApprovedEvent = z.infer<typeof gateApprovedSchema>;
+/** A person rejected a step's gate or the tool call it waits on (`gate.rejected`). */
 export type GateRejectedEvent = z.infer<typeof gateRejectedSchema>;
+/** The backoff of a failed step has elapsed: its next attempt may start (`retry.due`). */
 export type RetryDueEvent = z.infer<typeof retryDueSchema>;
+/** A turn of a granular agent step is committed (`turn.committed`). */
 export type TurnCommittedEvent = z.infer<typeof turnCommittedSchema>;
+/** Cancellation of the whole run was requested (`run.cancelled`). */
 export type RunCancelledEvent = z.infer<typeof runCancelledSchema>;
 export type RunStoppedEvent = z.infer<typeof runStoppedSchema>;
 export type RunResumedEvent = z.infer<typeof runResumedSchema>;

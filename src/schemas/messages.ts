@@ -54,6 +54,7 @@ export const chatMessageSchema = z.discriminatedUnion('role', [
   assistantMessageSchema,
   toolMessageSchema,
 ]);
+/** Any message of a conversation: system, user, assistant or tool. */
 export type ChatMessage = z.infer<typeof chatMessageSchema>;
 
 /** Why the model stopped: `stop` (a final answer), `tool_calls`, `length`, `content_filter`, … */
@@ -69,7 +70,7 @@ export type ModelUsage = z.infer<typeof modelUsageSchema>;
 /** One model call's result, as journaled before any tool runs. */
 export const modelReplySchema = z.object({
   message: assistantMessageSchema,
-  /** A {@link FinishReason}. */
+  /** A `FinishReason`: `stop`, `length`, `tool_calls`, `content_filter` or what the provider sent. */
   finishReason: z.string(),
   /** Null when the provider did not report usage. */
   usage: modelUsageSchema.nullable(),
@@ -80,6 +81,7 @@ export const modelReplySchema = z.object({
   /** The usage reservation the call was charged to, when it was metered. */
   reservationId: z.string().optional(),
 });
+/** One model call's result, as journaled before any tool runs. */
 export type ModelReply = z.infer<typeof modelReplySchema>;
 
 /** The tool calls of a reply; empty for a final answer. */

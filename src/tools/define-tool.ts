@@ -39,7 +39,7 @@ export interface ToolContext {
 
 /** What {@link defineTool} takes. */
 export interface ToolSpec<I extends z.ZodType = z.ZodType, O extends z.ZodType = z.ZodType> {
-  /** The name the model calls the tool by; see {@link TOOL_NAME_PATTERN}. */
+  /** The name the model calls the tool by; see `TOOL_NAME_PATTERN`. */
   name: string;
   /** Where the tool comes from, e.g. `mcp` or `composio`. */
   namespace?: string;
@@ -83,6 +83,7 @@ export interface ToolDefinition<I extends z.ZodType = z.ZodType, O extends z.Zod
   readonly idempotent: boolean;
   readonly requiresIdempotencyKey: boolean;
   readonly riskLevel: RiskLevel | undefined;
+  /** Performs the call, sync or async. Its result (JSON; `undefined` → `null`) becomes the receipt. */
   run(args: z.output<I>, ctx: ToolContext): unknown;
 }
 

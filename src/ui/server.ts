@@ -71,7 +71,7 @@ const sse = (event: string, data: string, id?: string): string =>
 
 /**
  * How long to wait before looking again whether the run's due work waits for a worker: until the
- * soonest due step would count as idle, else {@link IDLE_WORK_MS}; null when the run is not
+ * soonest due step would count as idle, else `IDLE_WORK_MS`; null when the run is not
  * running (nothing is due until an event says otherwise).
  */
 function nextIdleCheck(report: RunReport, now: number): number | null {

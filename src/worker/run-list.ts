@@ -5,7 +5,7 @@ import { RunStatus } from '../machines/types.js';
 import type { RunIndexEntry } from '../persistence/run-index.js';
 import type { RuntimeCore } from '../actors/core.js';
 
-/** Which runs {@link listRuns} returns. */
+/** Which runs `listRuns` returns. */
 export interface RunListFilter {
   /** Only runs in this status (or one of these). @defaultValue any */
   status?: RunStatus | readonly RunStatus[];

@@ -1,5 +1,6 @@
 /**
- * The README's "Embedding the machines" section is examples/embedding-machines.ts, and it runs:
+ * The "Embedding the machines" section of docs/guides/embedding.md is examples/embedding-machines.ts,
+ * and it runs:
  * a plan driven in memory, restored from its persisted snapshot, and a stored run restored.
  */
 import { execFile } from 'node:child_process';
@@ -15,9 +16,9 @@ const tsx = new URL('node_modules/.bin/tsx', root).pathname;
 afterAll(() => deleteRuntimeKeys('embedding-example'));
 
 describe('embedding the machines, as documented', () => {
-  it('the README section is the example file, and the example runs', async () => {
-    const readme = readFileSync(new URL('README.md', root), 'utf8');
-    const block = /## Embedding the machines\n[\s\S]*?```ts\n([\s\S]*?)```/.exec(readme)?.[1];
+  it('the guide section is the example file, and the example runs', async () => {
+    const guide = readFileSync(new URL('docs/guides/embedding.md', root), 'utf8');
+    const block = /## Embedding the machines\n[\s\S]*?```ts\n([\s\S]*?)```/.exec(guide)?.[1];
     const file = readFileSync(new URL('examples/embedding-machines.ts', root), 'utf8');
     expect(block).toBeDefined();
     expect(block).toBe(

@@ -18,7 +18,7 @@ async function runExample(file: string): Promise<string> {
   return stdout;
 }
 
-// Formatting may differ (the README's imports are shorter); the code may not.
+// Formatting may differ (the docs' imports are shorter); the code may not.
 const squash = (s: string) => s.replace(/\s+/g, '').replace(/,(?=[}\])])/g, '');
 
 describe('examples run as documented', () => {
@@ -36,10 +36,10 @@ describe('examples run as documented', () => {
     expect(out).toContain("1 waiting [ { type: 'step.requestApproval', stepId: 'review' } ]");
   });
 
-  it('the README snapshot-test example is examples/plan-transitions.test.ts (which the suite runs)', () => {
-    const readme = readFileSync(new URL('README.md', root), 'utf8');
-    const block = /### Snapshot-test how your plans move\n[\s\S]*?```ts\n([\s\S]*?)```/.exec(
-      readme,
+  it("the guide's snapshot-test example is examples/plan-transitions.test.ts (which the suite runs)", () => {
+    const guide = readFileSync(new URL('docs/guides/embedding.md', root), 'utf8');
+    const block = /## Snapshot-test how your plans move\n[\s\S]*?```ts\n([\s\S]*?)```/.exec(
+      guide,
     )?.[1];
     const file = readFileSync(new URL('examples/plan-transitions.test.ts', root), 'utf8');
     expect(block).toBeDefined();

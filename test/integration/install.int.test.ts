@@ -38,7 +38,7 @@ describe('npm pack → npm install → npx flujo init → npx flujo run', () => 
     expect(pack.code, pack.err).toBe(0);
     tarball = join(tmp, pack.out.trim().split('\n').at(-1)!);
     mkdirSync(project);
-    // As the README says: npm init -y (npm 11 writes "type": "commonjs"; init makes it "module").
+    // As the README's "Use it in your project" says: npm init -y (npm 11 writes "type": "commonjs"; init makes it "module").
     const npmInit = await sh('npm', ['init', '-y'], project);
     expect(npmInit.code, npmInit.err).toBe(0);
     const install = await sh(

@@ -1,6 +1,6 @@
 /**
- * examples/scripted-agent.ts, the README's recipe of an agent on the scripted model server in a
- * job module: its code is the README's, and one long-lived `flujo worker` runs two of its runs in
+ * examples/scripted-agent.ts, the agents guide's recipe of an agent on the scripted model server in
+ * a job module: its code is the guide's (docs/guides/agents.md), and one long-lived `flujo worker` runs two of its runs in
  * a row, both to success (the server's `defaultReply` answers every request; a queue would have
  * run out on the second). The real binary (build first with `npx tsc -p tsconfig.build.json`).
  */
@@ -19,11 +19,11 @@ describe('examples/scripted-agent.ts', { timeout: 60_000 }, () => {
   const prefix = testPrefix();
   afterAll(() => deleteRuntimeKeys(prefix));
 
-  it("is the README's recipe, code for code", () => {
-    const readme = readFileSync(join(root, 'README.md'), 'utf8');
+  it("is the agents guide's recipe, code for code", () => {
+    const guide = readFileSync(join(root, 'docs/guides/agents.md'), 'utf8');
     const block =
-      /### An agent on a scripted model, in a job module\n[\s\S]*?```ts\n([\s\S]*?)```/.exec(
-        readme,
+      /## An agent on a scripted model, in a job module\n[\s\S]*?```ts\n([\s\S]*?)```/.exec(
+        guide,
       )?.[1];
     const file = readFileSync(join(root, MODULE), 'utf8');
     const code = file.slice(file.indexOf('*/\n') + 3);

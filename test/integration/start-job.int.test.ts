@@ -250,9 +250,9 @@ describe('a plain BullMQ producer starts runs', () => {
     }
   });
 
-  it('the README section shows the producer the tests run', () => {
-    const readme = readFileSync(join(root, 'README.md'), 'utf8');
-    const section = readme.split('\n## Starting runs from a plain BullMQ producer\n')[1];
+  it('the deploying guide shows the producer the tests run', () => {
+    const guide = readFileSync(join(root, 'docs/guides/deploying.md'), 'utf8');
+    const section = guide.split('\n## Starting runs from a plain BullMQ producer\n')[1];
     expect(section).toBeDefined();
     const block = /```js\n([\s\S]*?)```/.exec(section!)?.[1];
     expect(block).toBe(readFileSync(producer, 'utf8'));

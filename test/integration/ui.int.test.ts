@@ -3,8 +3,8 @@
  * list and its filters, a run page that follows a run live, approving and a refused approval from
  * the page, escaping, 404s and refused cross-site posts; operators' progress shown live and the
  * notice that due work waits for a worker; and the built command's life cycle.
- * Screenshots go to test-results/ui/; with FLUJO_DOCS_IMAGES=1 the README's images in docs/images/
- * are written from the same pages.
+ * Screenshots go to test-results/ui/; with FLUJO_DOCS_IMAGES=1 the images of the observability guide
+ * (docs/images/) are written from the same pages.
  */
 import { randomUUID } from 'node:crypto';
 import { request } from 'node:http';
@@ -341,7 +341,7 @@ describe('a run page', () => {
     await page.close();
     expect(errors).toEqual([]);
 
-    // The trace page `flujo trace --html` writes, for the README.
+    // The trace page `flujo trace --html` writes, for the observability guide.
     const trace = await browser.newPage({ viewport: { width: 1200, height: 360 } });
     await trace.setContent(renderTraceHtml(await runtime.trace(run.runId)));
     expect(await trace.locator('.lane').count()).toBe(3);
