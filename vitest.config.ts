@@ -1,8 +1,8 @@
 import { defineConfig } from 'vitest/config';
 
-// Two projects. `unit` needs nothing but Node: no Redis. `integration` starts its own redis-server
-// on a random port in its global setup (test/integration/global-setup.ts), which runs only when
-// one of its files is selected.
+// Two projects. `unit` needs nothing but Node: no Redis, no build. `integration` starts its own
+// redis-server on a random port and rebuilds dist/ when src/ is newer, once per run, in its global
+// setup (test/integration/global-setup.ts); it runs only when one of its files is selected.
 export default defineConfig({
   test: {
     testTimeout: 30_000,

@@ -1,12 +1,25 @@
 import type { TestProject } from 'vitest/node';
-import { startRedisServer, type TestRedisServer } from './helpers/redis-server.js';
+import { buildDistIfStale } from '../helpers/build-dist.js';
+import {
+  findRedisServerBinary,
+  startRedisServer,
+  type TestRedisServer,
+} from '../helpers/redis-server.js';
 
 let server: TestRedisServer | undefined;
 
-/** Starts the suite's own redis-server unless REDIS_URL points the tests at another one. */
+/**
+ * The integration project's set-up, once per run: rebuilds dist/ when src/ is newer (the `flujo`
+ * children and whatever imports 'flujo' run it), then starts the suite's own redis-server on a
+ * random port, unless REDIS_URL points the tests at another one.
+ */
 export async function setup(project: TestProject): Promise<void> {
   const external = process.env['REDIS_URL'];
-  if (external !== undefined && external !== '') {
+  const useExternal = external !== undefined && external !== '';
+  // Before the build, so that a machine without redis-server learns it at once.
+  if (!useExternal) findRedisServerBinary();
+  buildDistIfStale();
+  if (useExternal) {
     project.provide('redisUrl', external);
     return;
   }
