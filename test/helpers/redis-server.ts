@@ -20,7 +20,7 @@ export function findRedisServerBinary(): string {
   }
   throw new Error(
     'redis-server not found on PATH (nor in /usr/bin or /usr/local/bin): the integration tests ' +
-      'start their own. Install it (Debian or Ubuntu: apt-get install redis-server) or set ' +
+      'and the benches start their own. Install it (Debian or Ubuntu: apt-get install redis-server) or set ' +
       'REDISMS_SYSTEM_BINARY to its path. The unit tests need none: npx vitest run test/unit',
   );
 }
