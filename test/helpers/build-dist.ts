@@ -77,7 +77,7 @@ export function buildDistIfStale(
   const r = spawnSync(process.execPath, [tsc, ...args], { cwd: root, encoding: 'utf8' });
   if (r.status !== 0) {
     throw new Error(
-      `building dist/ failed (tsc exit ${String(r.status)}); the integration tests run it:\n${r.stdout}${r.stderr}`,
+      `building dist/ failed (tsc exit ${String(r.status)}): the integration tests run dist/, so fix these first:\n${r.stdout}${r.stderr}`,
     );
   }
   // tsc leaves an output whose text did not change as it was: mark every output current.

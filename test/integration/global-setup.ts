@@ -17,14 +17,27 @@ export async function setup(project: TestProject): Promise<void> {
   const external = process.env['REDIS_URL'];
   const useExternal = external !== undefined && external !== '';
   // Before the build, so that a machine without redis-server learns it at once.
-  if (!useExternal) findRedisServerBinary();
-  buildDistIfStale();
+  if (!useExternal) exitOnError(findRedisServerBinary);
+  exitOnError(buildDistIfStale);
   if (useExternal) {
     project.provide('redisUrl', external);
     return;
   }
   server = await startRedisServer();
   project.provide('redisUrl', server.url);
+}
+
+/**
+ * Runs `step`; if it throws, prints its message alone and ends the run (a thrown error would come
+ * under vitest's "No test files found" and a stack).
+ */
+function exitOnError(step: () => unknown): void {
+  try {
+    step();
+  } catch (error) {
+    process.stderr.write(`\n${error instanceof Error ? error.message : String(error)}\n\n`);
+    process.exit(1);
+  }
 }
 
 export async function teardown(): Promise<void> {
