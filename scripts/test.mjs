@@ -14,7 +14,8 @@ function run(cmd, args) {
 if (!process.argv.includes('--no-static')) {
   for (const [cmd, args] of [
     ['tsc', ['--noEmit']],
-    // The CLI and job modules run the compiled package (bin/flujo.js → dist): build it first.
+    // The CLI and job modules run the compiled package (bin/flujo.js → dist): a whole build also
+    // checks tsconfig.build.json; the integration tests' global setup then finds dist/ current.
     ['tsc', ['-p', 'tsconfig.build.json']],
     ['eslint', ['.']],
     ['prettier', ['--check', '.']],

@@ -1,7 +1,7 @@
 /**
- * Child processes of the tests: the built `flujo` binary (bin/flujo.js → dist, so build first with
- * `npx tsc -p tsconfig.build.json`) on the pinned Node, or any other command, with what it printed
- * and how it ended collected.
+ * Child processes of the tests: the built `flujo` binary (bin/flujo.js → dist, which the
+ * integration tests' global setup rebuilds when src/ is newer) on the pinned Node, or any other
+ * command, with what it printed and how it ended collected.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { join } from 'node:path';

@@ -19,7 +19,9 @@ export function findRedisServerBinary(): string {
     }
   }
   throw new Error(
-    'redis-server not found on PATH. Install it (Debian: apt-get install redis-server) or set REDISMS_SYSTEM_BINARY.',
+    'redis-server not found on PATH (nor in /usr/bin or /usr/local/bin): the integration tests ' +
+      'and the benches start their own. Install it (Debian or Ubuntu: apt-get install redis-server) or set ' +
+      'REDISMS_SYSTEM_BINARY to its path. The unit tests need none: npx vitest run test/unit',
   );
 }
 

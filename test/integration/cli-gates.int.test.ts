@@ -1,6 +1,7 @@
 /**
- * The `flujo` binary (built into dist first) deciding on gates: approvers refuse anyone else
- * (exit 2, nothing written), the gate's reason is shown where a person decides, and `flujo skip`.
+ * The `flujo` binary (bin/flujo.js → dist, rebuilt when src/ changes) deciding on gates:
+ * approvers refuse anyone else (exit 2, nothing written), the gate's reason is shown where a person
+ * decides, and `flujo skip`.
  */
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';

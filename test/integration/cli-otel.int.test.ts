@@ -1,5 +1,5 @@
 /**
- * OpenTelemetry from the CLI (the built binary: build first), configured by the standard
+ * OpenTelemetry from the CLI (the built binary, dist), configured by the standard
  * variables, against an OTLP/HTTP receiver on loopback (a node:http server that keeps the JSON the
  * exporter posts to /v1/traces): `flujo run` of a gated job whose first step fails once, `flujo
  * approve` and `flujo resume` export one trace with the run's span over the whole run, the retry's

@@ -1,5 +1,5 @@
 /**
- * The real `flujo` binary (bin/flujo.js → dist; the test command builds first) on refusals and
+ * The real `flujo` binary (bin/flujo.js → dist, rebuilt when src/ changes) on refusals and
  * plan fields: too deep plans and inputs, policies, a resume with a changed plan.
  */
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';

@@ -1,6 +1,6 @@
 /**
- * `flujo replay` on the built binary (bin/flujo.js → dist; build first) against the suite's Redis,
- * on its own key prefix.
+ * `flujo replay` on the built binary (bin/flujo.js → dist, rebuilt when src/ changes) against the
+ * suite's Redis, on its own key prefix.
  */
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';

@@ -1,7 +1,7 @@
 /**
- * `flujo trace` through the real binary (bin/flujo.js → dist: build first) against the suite's
- * Redis: the JSON trace of a finished run, the HTML timeline written with --out, and the bad
- * inputs, each refused with exit 2 and a message naming the fix, writing nothing.
+ * `flujo trace` through the real binary (bin/flujo.js → dist, rebuilt when src/ changes) against
+ * the suite's Redis: the JSON trace of a finished run, the HTML timeline written with --out, and
+ * the bad inputs, each refused with exit 2 and a message naming the fix, writing nothing.
  */
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';

@@ -1,10 +1,10 @@
 /**
- * What the terminal shows whole, on the built binary (build first: `npx tsc -p
- * tsconfig.build.json`): every line of an error (its causes too; stacks with --verbose), each
- * attempt's error in `flujo status`, payloads uncut with --full, where and why a failed run stopped
- * in `flujo list`, events in the order they happened, a held tool call said to be held, a Redis
- * password never printed, and a tool a model cannot be shown refused by `flujo validate` and
- * `flujo worker`.
+ * What the terminal shows whole, on the built binary (bin/flujo.js → dist, rebuilt when src/
+ * changes): every line of an error (its causes too; stacks with --verbose), each attempt's error
+ * in `flujo status`, payloads uncut with --full, where and why a failed run stopped in `flujo
+ * list`, events in the order they happened, a held tool call said to be held, a Redis password
+ * never printed, and a tool a model cannot be shown refused by `flujo validate` and `flujo
+ * worker`.
  */
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';

@@ -1,7 +1,7 @@
 /**
  * `flujo worker` shows its status on stderr: JSON lines with `--status-every`, one at once on
  * SIGUSR2; a bad `--status-every` is refused before anything is written. The real binary
- * (bin/flujo.js → dist: build first with `npx tsc -p tsconfig.build.json`).
+ * (bin/flujo.js → dist, rebuilt when src/ changes).
  */
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';

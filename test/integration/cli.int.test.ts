@@ -1,5 +1,5 @@
 /**
- * The real `flujo` binary (bin/flujo.js → dist; the test command builds first) against the suite's
+ * The real `flujo` binary (bin/flujo.js → dist, rebuilt when src/ changes) against the suite's
  * Redis, each test on its own key prefix (FLUJO_PREFIX), and against the embedded redis-server.
  */
 import type { ChildProcess } from 'node:child_process';

@@ -2,7 +2,7 @@
  * Runs in the Stately inspector. A local WebSocket server stands in for the inspector's relay and
  * receives the messages `@statelyai/inspect` sends: from a runtime created with
  * `inspect: createWebSocketInspector({ url }).inspect`, and from `flujo inspect <runId> --follow
- * --url …` (the real binary, dist: build first) following a run live. The run has a retried
+ * --url …` (the real binary, dist) following a run live. The run has a retried
  * operator step, a gate and an agent step (scripted model server). Also: `flujo inspect --json`
  * on a finished run, the command's refusals, and the runtime option's.
  */

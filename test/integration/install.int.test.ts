@@ -4,7 +4,7 @@
  * `npm install`, `npx flujo init` scaffolds a job (with Node 24 as a devDependency, unless
  * `--no-node`), `npx flujo run` runs it to success on the
  * embedded Redis, `tsc` type-checks it, and a step naming a missing operator is a type error and
- * a `flujo validate` error. Build first: `npx tsc -p tsconfig.build.json`.
+ * a `flujo validate` error.
  */
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';

@@ -1,6 +1,6 @@
 /**
  * The research-agent example (examples/research-agent) through the real `flujo` binary (bin/flujo.js
- * → dist; the test command builds first): its job module runs to success, and a run whose command
+ * → dist, rebuilt when src/ changes): its job module runs to success, and a run whose command
  * is killed with SIGKILL at a point inside a turn is finished by `flujo resume` with each tool
  * effect once and the answer of the run that was not killed. Each test file's runs live on their
  * own key prefix, and the job's data (notes, the e-mail service, the scripted model's port) in a

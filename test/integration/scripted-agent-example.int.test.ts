@@ -2,7 +2,7 @@
  * examples/scripted-agent.ts, the agents guide's recipe of an agent on the scripted model server in
  * a job module: its code is the guide's (docs/guides/agents.md), and one long-lived `flujo worker` runs two of its runs in
  * a row, both to success (the server's `defaultReply` answers every request; a queue would have
- * run out on the second). The real binary (build first with `npx tsc -p tsconfig.build.json`).
+ * run out on the second). The real binary (dist).
  */
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
