@@ -52,7 +52,7 @@ import {
   registerPolicy,
 } from './operations/registration.js';
 import { replayRun } from './operations/replay.js';
-import { attachRun, openRun, type RunHandle } from './operations/starting.js';
+import { attachRun, beginRun, type RunHandle } from './operations/starting.js';
 
 export type { StartOptions };
 export type { DecisionInput, SkipInput } from './operations/decisions.js';
@@ -275,7 +275,7 @@ export function createRuntime(options: RuntimeOptions): Runtime {
       registerAgent(core, definition, registerOptions);
       return runtime;
     },
-    start: (planSource, input, opts) => openRun(core, planSource, input, opts),
+    start: (planSource, input, opts) => beginRun(core, planSource, input, opts),
     attach: (runId) => attachRun(core, runId),
     approve: (runId, stepId, decision) =>
       decide(core, hook, runId, stepId, decision, 'gate.approved'),

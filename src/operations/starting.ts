@@ -39,7 +39,7 @@ export function runHandle(core: RuntimeCore, runId: string, created: boolean): R
  * Starts a run of `planSource` with `input`, or finds the one its request key names
  * (`runtime.start`). A request key whose run failed resumes that run when `resumeFailed` says so.
  */
-export async function openRun(
+export async function beginRun(
   core: RuntimeCore,
   planSource: Plan | PlanInput | string,
   input: unknown = null,
