@@ -26,7 +26,10 @@ const nodeIo = ['node:*', 'fs', 'net', 'http', 'https', 'child_process', 'crypto
  *   execution, the run host, the runtime core (the composition root) and the job specs.
  * - worker: the BullMQ shell over the unit host and its status registry, the start path
  *   (`runtime.start` and the `start` job), event streams, the run list, replay.
- * - runtime.ts, define-job.ts: the runtime a user creates; job modules.
+ * - operations: the runtime's operations by concern (starting runs, decisions, reading runs,
+ *   replay, registration), plain functions of the runtime core that `createRuntime` wires.
+ * - runtime.ts, define-job.ts: the runtime a user creates (its types and `createRuntime`); job
+ *   modules.
  * - ui: the web view of runs.
  * - cli, testing: the command line; the test helpers published as `flujo/testing`.
  * - index.ts: the public API.
@@ -45,6 +48,7 @@ const layers = [
   ['llm'],
   ['actors'],
   ['worker'],
+  ['operations'],
   ['runtime.ts', 'define-job.ts'],
   ['ui'],
   ['cli', 'testing'],

@@ -1,0 +1,331 @@
+/**
+ * Reading runs: the status report, the stored snapshot, the ledger, the usage, the trace, and the
+ * wait for a run to settle. Each a plain function of the runtime core; nothing here writes.
+ */
+import { summarize, type RunSummary } from '../actors/run-host.js';
+import { actionScopesOf } from '../actors/action-keys.js';
+import type { RuntimeCore } from '../actors/core.js';
+import type { JsonValue } from '../internal/json.js';
+import { runSteps, runStatus, type RunSnapshot, type StepState } from '../machines/kernel.js';
+import type { PendingCall, RunStatus } from '../machines/types.js';
+import { buildRunTrace, type RunTrace } from '../observability/run-trace.js';
+import type { Plan } from '../plan/schema.js';
+import type { SnapshotEnvelope } from '../persistence/codec.js';
+import { assertRunId } from '../persistence/keys.js';
+import type { LedgerEntry } from '../persistence/ledger.js';
+import type { Reservation, UsageTotals } from '../persistence/quota-store.js';
+import { withRedisDeadline } from '../persistence/redis-errors.js';
+import { lastStatusId, readRunStatus } from '../persistence/run-lookups.js';
+import type { StreamEntry } from '../persistence/stream-watcher.js';
+import { lineageFrom, replaysOf, type RunLineage } from '../worker/replay.js';
+
+/** What a person is asked to decide on: a step's gate, or one tool call of the step. */
+export interface PendingApproval {
+  stepId: string;
+  /** The step's `gate.reason`, if any. */
+  reason: string | null;
+  /** Who may decide (the gate's `approvers`); null when anyone may. */
+  approvers: string[] | null;
+  /** The step's risk level. */
+  riskLevel: string;
+  /** The tool call that waits, with its tool, arguments and call id; null for the step's gate. */
+  call: PendingCall | null;
+}
+
+/** A run as it stands. */
+export interface RunReport {
+  runId: string;
+  planName: string;
+  tenantId: string;
+  status: RunStatus;
+  /** The snapshot version (number of commits). */
+  version: number;
+  /**
+   * Every step, in plan order. A READY step whose execution a worker has started shows RUNNING
+   * (the start is committed with the execution's first result).
+   */
+  steps: StepState[];
+  /** What waits for a person: one entry per step in WAITING_APPROVAL. */
+  approvals: PendingApproval[];
+  summary: RunSummary;
+  createdAt: number;
+  updatedAt: number;
+  /** Present when the run replays another or has replays: the run it replays and its replays. */
+  lineage?: RunLineage;
+  /**
+   * Work that is due (a READY step, a retry whose time came) and that no worker has taken for
+   * `IDLE_WORK_MS` or more: no worker is running on this prefix, or all are busy. Null
+   * otherwise.
+   */
+  idle: { stepId: string; dueSince: number; idleMs: number } | null;
+  /** The latest progress each step's operator reported (`ctx.progress`), by step id. */
+  progress: Record<string, StepProgress>;
+}
+
+/** What an operator last reported with `ctx.progress`. */
+export interface StepProgress {
+  attempt: number;
+  info: JsonValue;
+  at: number;
+}
+
+/** A run's model usage. */
+export interface RunUsage {
+  runId: string;
+  tenantId: string;
+  /** Every usage reservation of the run, in the order they were made. */
+  reservations: Reservation[];
+  /** Tokens and micro-USD reserved (calls in flight) and spent, with the run's limits. */
+  totals: UsageTotals;
+}
+
+/** How long due work waits for a worker before a report calls it idle. */
+export const IDLE_WORK_MS = 5000;
+
+/** The statuses a run settles in: {@link waitSettled} resolves on any of them. */
+export const SETTLED: readonly RunStatus[] = ['succeeded', 'failed', 'cancelled', 'waiting'];
+
+/** The first due step no worker has taken for `IDLE_WORK_MS`, if any. */
+export function idleWork(steps: readonly StepState[], now: number): RunReport['idle'] {
+  for (const s of steps) {
+    const dueSince =
+      s.status === 'READY'
+        ? s.updatedAt
+        : s.status === 'FAILED_RETRYABLE' && s.retryAt !== null
+          ? s.retryAt
+          : null;
+    if (dueSince !== null && now - dueSince >= IDLE_WORK_MS) {
+      return { stepId: s.stepId, dueSince, idleMs: now - dueSince };
+    }
+  }
+  return null;
+}
+
+/** The progress hash of a run, parsed (an unreadable field is left out). */
+export function progressOf(raw: Record<string, string>): Record<string, StepProgress> {
+  const out: Record<string, StepProgress> = {};
+  for (const [stepId, json] of Object.entries(raw)) {
+    try {
+      const p = JSON.parse(json) as StepProgress;
+      out[stepId] = { attempt: p.attempt, info: p.info, at: p.at };
+    } catch {
+      // written by the runtime only; skip what cannot be read
+    }
+  }
+  return out;
+}
+
+/** What the steps waiting for approval wait on, with what the plan says about who decides. */
+export function pendingApprovals(steps: readonly StepState[], plan: Plan): PendingApproval[] {
+  const out: PendingApproval[] = [];
+  for (const s of steps) {
+    if (s.status !== 'WAITING_APPROVAL') continue;
+    const planStep = plan.steps.find((p) => p.id === s.stepId);
+    out.push({
+      stepId: s.stepId,
+      reason: planStep?.gate?.reason ?? null,
+      approvers: planStep?.gate?.approvers === undefined ? null : [...planStep.gate.approvers],
+      riskLevel: planStep?.riskLevel ?? 'low',
+      call: s.pendingCall ?? null,
+    });
+  }
+  return out;
+}
+
+/**
+ * The steps as a report shows them: a READY step whose execution a worker has started (its unit
+ * note names the step's attempt and pauses), not yet committed as RUNNING, shows RUNNING.
+ */
+export function stepsAsStarted(
+  steps: readonly StepState[],
+  started: Readonly<Record<string, string>>,
+): StepState[] {
+  return steps.map((s) => {
+    const note = started[s.stepId]?.split(' ');
+    const mine = note?.[0] === String(s.attempt) && note[1] === String(s.pauses ?? 0);
+    return s.status === 'READY' && mine ? { ...s, status: 'RUNNING' as const } : s;
+  });
+}
+
+/** Whether a raw stream entry is a change of the run's status to a settled one. */
+export function settles([, fields]: StreamEntry): boolean {
+  const t = fields.indexOf('t');
+  if (t < 0 || fields[t + 1] !== 'run.status') return false;
+  const d = fields.indexOf('d');
+  try {
+    const to = (JSON.parse(fields[d + 1] ?? '{}') as { to?: RunStatus }).to;
+    return to !== undefined && SETTLED.includes(to);
+  } catch {
+    return false;
+  }
+}
+
+/** Loads a run; a run removed by retention throws `RunRemovedError`. */
+export async function loadRun(
+  core: RuntimeCore,
+  runId: string,
+): Promise<SnapshotEnvelope<RunSnapshot>> {
+  const env = await core.store.tryLoad(runId);
+  if (env === null) throw await core.notFound(runId);
+  return env;
+}
+
+/** The run's status report (`runtime.status`). */
+export async function readReport(core: RuntimeCore, runId: string): Promise<RunReport> {
+  const [env, started, replays, progress] = await Promise.all([
+    loadRun(core, runId),
+    core.unitNotes.read(runId),
+    replaysOf(core, runId),
+    core.channels.readProgress(runId),
+  ]);
+  const meta = await core.meta(runId);
+  const lineage = lineageFrom(runId, meta.replay, replays);
+  const status = runStatus(env.snapshot);
+  const steps = stepsAsStarted(runSteps(env.snapshot), started);
+  return {
+    runId,
+    planName: env.snapshot.context.planName,
+    tenantId: meta.tenantId,
+    status,
+    version: env.version,
+    steps,
+    approvals: pendingApprovals(steps, meta.plan),
+    summary: summarize(env.snapshot, status, env.updatedAt),
+    createdAt: env.snapshot.context.createdAt,
+    updatedAt: env.updatedAt,
+    ...(lineage === undefined ? {} : { lineage }),
+    idle: status === 'running' ? idleWork(steps, core.clock()) : null,
+    progress: progressOf(progress),
+  };
+}
+
+/** The run's persisted snapshot as stored (`runtime.snapshot`). */
+export async function readSnapshot(core: RuntimeCore, runId: string): Promise<RunSnapshot> {
+  assertRunId(runId);
+  return (await loadRun(core, runId)).snapshot;
+}
+
+/**
+ * The run's report once it settles, learned from its status stream (its `run.status` events
+ * alone): a change to a settled status wakes it, never a timer; nothing is read while the run
+ * works, however many steps it commits. With `timeoutMs` > 0, the report as it stands then.
+ */
+export async function waitSettled(
+  core: RuntimeCore,
+  runId: string,
+  timeoutMs = 0,
+): Promise<RunReport> {
+  // The run's status changes alone: a commit that changes nothing of it wakes no waiter.
+  const key = core.keys.status(runId);
+  // The newest status change before the status (same connection, so read in this order):
+  // nothing committed after the status was read can be missed. The status alone is read first (one
+  // field): the whole report only once the run settled, or when that field does not say (no
+  // run: the report says why; a run stored by an older version).
+  const [last, stored] = await withRedisDeadline(
+    () =>
+      Promise.all([
+        lastStatusId(core.redis, core.keys, runId),
+        readRunStatus(core.redis, core.keys, runId),
+      ]),
+    core.redisTimeoutMs,
+    core.redis,
+  );
+  if (stored === null || SETTLED.includes(stored as RunStatus)) {
+    const first = await withRedisDeadline(
+      () => readReport(core, runId),
+      core.redisTimeoutMs,
+      core.redis,
+    );
+    if (SETTLED.includes(first.status)) return first;
+  }
+  return new Promise<RunReport>((resolve, reject) => {
+    let done = false;
+    let timer: NodeJS.Timeout | undefined;
+    const stop = () => {
+      done = true;
+      unwatch();
+      clearTimeout(timer);
+    };
+    const check = (anyway: boolean) => {
+      readReport(core, runId).then(
+        (r) => {
+          if (done || (!anyway && !SETTLED.includes(r.status))) return;
+          stop();
+          resolve(r);
+        },
+        (error: unknown) => {
+          if (done) return;
+          stop();
+          reject(error instanceof Error ? error : new Error(String(error)));
+        },
+      );
+    };
+    const unwatch = core.watcher().watch(
+      key,
+      last ?? '0-0',
+      (entries) => {
+        if (entries.some(settles)) check(false);
+      },
+      () => {
+        if (done) return;
+        stop();
+        reject(new Error(`the runtime was closed while waiting for run "${runId}" to settle`));
+      },
+    );
+    if (timeoutMs > 0) timer = setTimeout(() => check(true), timeoutMs);
+  });
+}
+
+/**
+ * The run's tool-call ledger (`runtime.ledger`): its own entries, then those of its steps with key
+ * inputs, which are in their actions' ledgers, shared by the tenant's runs.
+ */
+export async function readLedger(core: RuntimeCore, runId: string): Promise<LedgerEntry[]> {
+  const meta = await core.meta(runId);
+  const own = await core.ledger.list(runId, meta.tenantId);
+  const scopes = new Set(actionScopesOf(meta.plan, meta.input, meta.tenantId).values());
+  const shared = await Promise.all(
+    [...scopes].map((scope) => core.ledger.list(scope, meta.tenantId)),
+  );
+  return [...own, ...shared.flat()];
+}
+
+/** The run's model usage (`runtime.usage`): every reservation and the run's totals. */
+export async function readUsage(core: RuntimeCore, runId: string): Promise<RunUsage> {
+  const meta = await core.meta(runId);
+  const [reservations, totals] = await Promise.all([
+    core.quota.list(meta.tenantId, runId),
+    core.quota.usage(meta.tenantId, runId),
+  ]);
+  return { runId, tenantId: meta.tenantId, reservations, totals };
+}
+
+/** The run's trace as JSON (`runtime.trace`), built from what is stored about the run. */
+export async function readTrace(core: RuntimeCore, runId: string): Promise<RunTrace> {
+  // The report first: a run that does not exist is refused as such.
+  const current = await readReport(core, runId);
+  const [meta, events, started] = await Promise.all([
+    core.meta(runId),
+    core.store.readEvents(runId),
+    core.unitNotes.read(runId),
+  ]);
+  const [ledger, reservations] = await Promise.all([
+    // As `runtime.ledger` reads it: within the Redis deadline.
+    withRedisDeadline(() => readLedger(core, runId), core.redisTimeoutMs, core.redis),
+    core.quota.list(meta.tenantId, runId),
+  ]);
+  return buildRunTrace({
+    runId,
+    planName: current.planName,
+    tenantId: meta.tenantId,
+    status: current.status,
+    createdAt: current.createdAt,
+    traceparent: meta.trace,
+    plan: meta.plan.steps,
+    steps: current.steps,
+    started,
+    events: events.map((e) => e.data),
+    ledger,
+    reservations,
+  });
+}
