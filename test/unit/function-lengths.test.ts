@@ -10,7 +10,7 @@ import {
  * TEMPORARY: paths the check skips while they are being restructured. Empty this list once that
  * work is in: every function in src/ is then held to the limit.
  */
-const TEMPORARILY_EXCLUDED: readonly string[] = ['src/actors/', 'src/runtime.ts'];
+const TEMPORARILY_EXCLUDED: readonly string[] = ['src/actors/'];
 
 function isExcluded(file: string): boolean {
   return TEMPORARILY_EXCLUDED.some((path) =>
