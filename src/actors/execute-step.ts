@@ -14,7 +14,7 @@ import { assertPlainJson, findNonJson, type JsonValue } from '../internal/json.j
 import type { StepState } from '../machines/kernel.js';
 import type { CacheSource } from '../machines/types.js';
 import { agentStepSchema, type AgentStep, type PlanStep } from '../plan/schema.js';
-import type { ChatMessage, ModelReply } from '../llm/messages.js';
+import type { ChatMessage } from '../llm/messages.js';
 import type { FingerprintStore } from '../persistence/fingerprint-store.js';
 import type { JournaledCall, ModelJournal } from '../persistence/model-journal.js';
 import type { Ledger } from '../persistence/ledger.js';
@@ -34,10 +34,8 @@ import {
   claimFingerprint,
   runAtomicAgent,
   stepFingerprint,
-  takeTurn,
   type AgentLoopDeps,
   type AttemptCallJournal,
-  type TurnResult,
 } from './run-agent.js';
 import {
   enforcePolicy,
@@ -160,7 +158,7 @@ function checkProgress(info: unknown): JsonValue {
 }
 
 /** What every agent loop gets from the step's deps. */
-function loopDeps(
+export function loopDeps(
   deps: StepExecutionDeps,
   where: { runId: string; step: PlanStep; attempt: number },
   gate: CallGate,
@@ -225,13 +223,6 @@ export type StepResult =
   | { kind: 'budget'; error: BudgetExceededError }
   | { kind: 'paused'; call: CallToApprove };
 
-/** What one granular turn came to: the turn to commit, a failure, a budget stop, or a pause. */
-export type TurnOutcome =
-  | { kind: 'turn'; turn: TurnResult }
-  | { kind: 'failed'; error: SerializedError }
-  | { kind: 'budget'; error: BudgetExceededError }
-  | { kind: 'paused'; call: CallToApprove };
-
 /**
  * What an agent step is asked: its input (the plan's `input` for the step, else the run's), and,
  * when it depends on steps that produced something, `{ input, results: { <stepId>: output } }`, so
@@ -248,7 +239,7 @@ export function agentInput(
 }
 
 /** The registered agent an agent step names; `ConfigurationError` naming the fix when there is none. */
-function resolveAgent(deps: StepExecutionDeps, step: AgentStep): AgentDefinition {
+export function resolveAgent(deps: StepExecutionDeps, step: AgentStep): AgentDefinition {
   const agent = deps.agents.get(step.agent);
   if (agent === undefined) {
     const known = [...deps.agents.keys()].join(', ') || '(none)';
@@ -286,7 +277,10 @@ function attemptJournal(
  * point). A step's own budget is a final failure of the step, not a stop of the run. An execution
  * that stopped at a call waiting for approval pauses, whatever it threw after that.
  */
-function failureOf(thrown: unknown, gate: CallGate): Exclude<StepResult, { kind: 'succeeded' }> {
+export function failureOf(
+  thrown: unknown,
+  gate: CallGate,
+): Exclude<StepResult, { kind: 'succeeded' }> {
   if (gate.pending !== null) return { kind: 'paused', call: gate.pending };
   if (thrown instanceof BudgetExceededError && thrown.stepId === undefined) {
     return { kind: 'budget', error: thrown };
@@ -297,88 +291,6 @@ function failureOf(thrown: unknown, gate: CallGate): Exclude<StepResult, { kind:
   // (a 401 names the API key it refused): its own message says what happened, without it.
   const origin = describeThrown(thrown, { causes: !(thrown instanceof ModelError) });
   return { kind: 'failed', error: origin === undefined ? error : { ...error, thrown: origin } };
-}
-
-/**
- * Takes turn `turn` of a granular agent step (see `takeTurn`), with the same choke point as a
- * step: whatever it throws becomes a failure with its retryability, a budget hit is returned apart.
- */
-export function executeTurn(
-  deps: StepExecutionDeps,
-  args: Parameters<typeof takeOneTurn>[1],
-): Promise<TurnOutcome> {
-  const { runId, step, state, turn } = args;
-  const ids = { runId, stepId: step.id, attempt: state.attempt, turn };
-  return traceAttempt(deps.trace ?? null, ids, step.kind, () => takeOneTurn(deps, args));
-}
-
-async function takeOneTurn(
-  deps: StepExecutionDeps,
-  args: {
-    step: AgentStep;
-    state: StepState;
-    runId: string;
-    tenantId: string;
-    runInput: JsonValue;
-    /** Outputs of the steps this one depends on, by step id. */
-    depOutputs: Record<string, JsonValue>;
-    turn: number;
-    signal: AbortSignal;
-    journaled?: Promise<ModelReply | null>;
-    /** In a run that replays another: the original's receipts. */
-    replay?: ReplayedCalls;
-    /** Leave the last read-only receipt for the turn's commit (see `TurnArgs`). */
-    receiptsWithCommit?: boolean;
-    /** Prepare the next turn's reservation (see `TurnArgs`). */
-    aheadOfNext?: boolean;
-  },
-): Promise<TurnOutcome> {
-  const { step, state, runId, tenantId, signal } = args;
-  const gate = callGate(state);
-  try {
-    const agent = resolveAgent(deps, step);
-    // The worker builds the agents' tokenizers when it starts: the turn counts with them.
-    await tokenizerReady(agent.model);
-    // Before every turn: a turn is the unit a granular step runs at a time.
-    await enforceTaggedPolicies(deps.policies, step, {
-      input: step.input === undefined ? args.runInput : step.input,
-      runInput: args.runInput,
-      deps: args.depOutputs,
-      runId,
-      tenantId,
-      signal,
-    });
-    const turn = await takeTurn(
-      {
-        ...loopDeps(deps, { runId, step, attempt: state.attempt }, gate, args.replay),
-        journal: deps.journal,
-        fingerprints: deps.fingerprints,
-        readHistory: deps.readHistory,
-        policyVersion: deps.policyVersion,
-        ...(deps.storeResult === undefined ? {} : { storeResult: deps.storeResult }),
-      },
-      {
-        agent,
-        step,
-        input: agentInput(step, args.runInput, args.depOutputs),
-        runId,
-        tenantId,
-        attempt: state.attempt,
-        pause: state.pauses ?? 0,
-        signal,
-        turn: args.turn,
-        cursor: state.agent?.cursor ?? 0,
-        fingerprint: state.agent?.fingerprint ?? null,
-        ...(deps.budget === undefined ? {} : { budget: deps.budget }),
-        ...(args.journaled === undefined ? {} : { journaled: args.journaled }),
-        ...(args.receiptsWithCommit === true ? { receiptsWithCommit: true } : {}),
-        ...(args.aheadOfNext === true ? { aheadOfNext: true } : {}),
-      },
-    );
-    return { kind: 'turn', turn };
-  } catch (thrown) {
-    return failureOf(thrown, gate);
-  }
 }
 
 /**

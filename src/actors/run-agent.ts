@@ -16,16 +16,10 @@ import {
 } from '../llm/messages.js';
 import type { AgentStep } from '../plan/schema.js';
 import type { FingerprintStore } from '../persistence/fingerprint-store.js';
-import type { LedgerEntry, LedgerRecordOp } from '../persistence/ledger.js';
-import type { JournaledCall, ModelJournal, RecordedReply } from '../persistence/model-journal.js';
+import type { JournaledCall, RecordedReply } from '../persistence/model-journal.js';
 import { canonicalHash } from '../internal/canonical-hash.js';
 import { MaxTurnsExceededError } from '../errors.js';
-import {
-  readOnlyEntries,
-  runToolCalls,
-  type ToolRunContext,
-  type ToolRunDeps,
-} from './agent-tools.js';
+import { runToolCalls, type ToolRunContext, type ToolRunDeps } from './agent-tools.js';
 import type { ModelPrice } from '../llm/pricing.js';
 import { traceModelCall, traceTurn } from '../observability/spans.js';
 import type { ModelContext } from './model-context.js';
@@ -93,7 +87,7 @@ export function requestDigest(agent: AgentDefinition, messages: readonly ChatMes
 }
 
 /** The conversation as the model is sent it: shaped (truncation, blobs) when the deps say so. */
-function shaped(
+export function shaped(
   deps: AgentLoopDeps,
   args: AgentStepArgs,
   conversation: readonly ChatMessage[],
@@ -105,7 +99,7 @@ function shaped(
 }
 
 /** Asks the model for the reply of `turn` to `messages` (as shaped), metered when the deps say so. */
-async function askModel(
+export async function askModel(
   deps: AgentLoopDeps,
   args: AgentStepArgs,
   turn: number,
@@ -360,169 +354,8 @@ export async function claimFingerprint(
     : ResumeError.fingerprintMismatch(changed.field, { runId, stepId });
 }
 
-/** What a granular turn needs beyond an agent loop's needs. */
-export interface TurnDeps extends AgentLoopDeps {
-  journal: ModelJournal;
-  fingerprints: FingerprintStore;
-  /** The step's committed history, messages `[0, cursor)`. */
-  readHistory: (runId: string, stepId: string, cursor: number) => Promise<ChatMessage[]>;
-  /** The runtime's `policyVersion`, part of the fingerprint. */
-  policyVersion?: string | undefined;
-}
-
-/** Where a granular turn runs: the step, and what its committed turns left behind. */
-export interface TurnArgs extends AgentStepArgs {
-  /** The turn to take (0-based): the number of turns committed so far. */
-  turn: number;
-  /** Messages the committed history holds. */
-  cursor: number;
-  /** The fingerprint hash the first turn stored, or null before the first commit. */
-  fingerprint: string | null;
-  /** The turn's journaled reply, when the caller already asked for it. @defaultValue read here */
-  journaled?: Promise<ModelReply | null>;
-  /**
-   * The receipt of the turn's last tool call, when it is a read-only call that ran, is left for
-   * the caller's commit to write (see {@link TurnResult.receipts}). @defaultValue written here
-   */
-  receiptsWithCommit?: boolean;
-  /**
-   * The caller may take the next turn itself, with its reservation sent beside this turn's commit
-   * (see {@link TurnResult.ahead}). @defaultValue false: nothing is prepared
-   */
-  aheadOfNext?: boolean;
-}
-
-/** What a granular turn came to; the caller commits it. */
-export interface TurnResult {
-  /** The messages this turn adds to the history, in order. */
-  messages: ChatMessage[];
-  /** The fingerprint hash the turn ran under. */
-  fingerprint: string;
-  /** The step's result when the reply was a final answer; null when the loop goes on. */
-  final: AgentResult | null;
-  /** Ledger receipts the turn's commit must write (with `receiptsWithCommit`); else empty. */
-  receipts: LedgerRecordOp[];
-  /**
-   * The usage reservation of the next turn's model call, prepared and not sent (see
-   * `UsageMeter.prepare`): the caller sends it beside the turn's commit when the same process
-   * takes the next turn. Absent for a final answer, a last allowed turn, an unmetered step, or
-   * without `aheadOfNext`.
-   */
-  ahead?: { reserve(): void };
-}
-
-/**
- * One turn of a granular agent step: checks the fingerprint (a
- * mismatch is an irrecoverable `ResumeError` and nothing runs), takes the model's reply from the
- * journal or asks the model and journals the reply before any tool runs, then runs the reply's
- * tool calls through the ledger keyed by `sha256(runId:stepId:turn:toolCallId)`. Nothing here
- * commits: a failure leaves the committed history and turn as they were.
- */
-export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResult> {
-  const { agent, step, runId, tenantId, turn, cursor } = args;
-  const current = stepFingerprint(agent, step, args.input, {
-    price: deps.meter?.priceOf(agent.model) ?? null,
-    policyVersion: deps.policyVersion,
-  });
-  if (args.fingerprint !== null && args.fingerprint !== current.hash) {
-    const stored = await deps.fingerprints.get(runId, step.id);
-    const changed = stored === null ? null : compareFingerprints(stored, current);
-    throw changed === null
-      ? new ResumeError(
-          `Cannot resume step "${step.id}" of run "${runId}": its fingerprint changed since the run started (what changed is not on record); start a new run, or restore the agent and step as they were.`,
-          { recoverable: false, runId, stepId: step.id },
-        )
-      : ResumeError.fingerprintMismatch(changed.field, { runId, stepId: step.id });
-  }
-  // Before the turn persists anything (its reservation, its journaled reply, a held call): the
-  // first turn of the step claims the fingerprint, or finds the one an execution of it that did
-  // not commit claimed (a crash, a pause for an approval), which it must match like later turns.
-  if (args.fingerprint === null) await claimFingerprint(deps.fingerprints, runId, step.id, current);
-
-  const history = cursor === 0 ? [] : await deps.readHistory(runId, step.id, cursor);
-  const added: ChatMessage[] = turn === 0 ? [userMessage(args.input)] : [];
-  let reply = await (args.journaled ?? deps.journal.get(runId, step.id, turn));
-  let known: ReadonlyMap<string, Promise<LedgerEntry | null>> | undefined;
-  if (reply === null) {
-    const sent: {
-      recording?: Promise<RecordedReply>;
-      entries?: Map<string, Promise<LedgerEntry | null>>;
-    } = {};
-    const journal = (fresh: ModelReply): Promise<RecordedReply> => {
-      debugPoint(DebugPoint.afterModelReply, `${step.id}:${turn}`);
-      // The first reply recorded for the turn wins: a worker racing this one uses the same reply.
-      const recording = deps.journal.record(runId, step.id, turn, fresh);
-      recording.catch(() => {}); // met below
-      // Sent with the journal write: what the ledger holds for the reply's read-only calls.
-      const where = { agent, runId, stepId: step.id, tenantId, turn };
-      sent.entries = readOnlyEntries(deps.ledger, where, toolCallsOf(fresh.message));
-      return (sent.recording = recording);
-    };
-    // A metered call journals its reply beside its reconcile, in the same round trip.
-    const messages = await shaped(deps, args, [...history, ...added]);
-    const fresh = await askModel(deps, args, turn, messages, (r) => {
-      void journal(r); // met below, through `sent`
-    });
-    const recorded = await (sent.recording ?? journal(fresh));
-    reply = recorded.reply;
-    if (recorded.recorded) known = sent.entries;
-    debugPoint(DebugPoint.afterJournal, `${step.id}:${turn}`);
-  } else if (deps.meter !== undefined) {
-    // The reply of a worker that stopped after journaling it: settle what that worker left open.
-    const journaled = reply;
-    await deps.meter.settle({ tenantId, runId, stepId: step.id, agent }, (r) =>
-      r.turn === turn ? Promise.resolve(journaled) : deps.journal.get(runId, step.id, r.turn),
-    );
-  }
-  added.push(reply.message);
-  const calls = toolCallsOf(reply.message);
-  if (calls.length === 0) {
-    const conversation = [...history, ...added];
-    const replies = await deps.journal.replies(runId, step.id, turn + 1);
-    return {
-      messages: added,
-      fingerprint: current.hash,
-      receipts: [],
-      final: {
-        answer: reply.message.content,
-        turns: turn + 1,
-        toolCalls: conversation.filter((m) => m.role === 'tool').length,
-        usage: totalUsage(replies),
-      },
-    };
-  }
-  const receipts: LedgerRecordOp[] = [];
-  const context = toolContext(args, turn, 'granular');
-  const deferred = args.receiptsWithCommit === true ? receipts : undefined;
-  const results = await runToolCalls(deps, context, calls, known, deferred);
-  debugPoint(DebugPoint.afterTools, `${step.id}:${turn}`);
-  added.push(...results);
-  const out: TurnResult = { messages: added, fingerprint: current.hash, final: null, receipts };
-  if (args.aheadOfNext === true && deps.meter !== undefined && turn + 1 < step.maxTurns) {
-    // What the next turn will send: this turn's history and messages, shaped as for the model.
-    const conversation = [...history, ...added];
-    const messages =
-      deps.context === undefined
-        ? conversation
-        : await deps.context.prepare({ agent, step, runId, messages: conversation });
-    out.ahead = deps.meter.prepare({
-      agent,
-      tenantId,
-      runId,
-      stepId: step.id,
-      turn: turn + 1,
-      attempt: args.attempt,
-      pause: args.pause ?? 0,
-      messages,
-      budget: args.budget,
-      stepBudget: step.budgets,
-    });
-  }
-  return out;
-}
-
 /** Where the tool calls of turn `turn` of the step run. */
-function toolContext(
+export function toolContext(
   args: AgentStepArgs,
   turn: number,
   mode: 'atomic' | 'granular',
@@ -544,7 +377,8 @@ function toolContext(
   };
 }
 
-function totalUsage(replies: readonly (ModelReply | null)[]): AgentResult['usage'] {
+/** The usage of a step's replies, added up. */
+export function totalUsage(replies: readonly (ModelReply | null)[]): AgentResult['usage'] {
   const usage = { promptTokens: 0, completionTokens: 0 };
   for (const reply of replies) add(usage, reply?.usage ?? null);
   return usage;

@@ -7,12 +7,8 @@ import { randomUUID } from 'node:crypto';
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import {
-  modelClients,
-  stepFingerprint,
-  takeTurn,
-  type TurnDeps,
-} from '../../src/actors/run-agent.js';
+import { modelClients, stepFingerprint } from '../../src/actors/run-agent.js';
+import { takeTurn, type TurnDeps } from '../../src/actors/turn.js';
 import { defineAgent, type AgentSpec } from '../../src/agents/define-agent.js';
 import { ResumeError } from '../../src/errors.js';
 import type { JsonValue } from '../../src/internal/json.js';
