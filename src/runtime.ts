@@ -1,12 +1,12 @@
 import { summarize, type RunSummary } from './actors/run-host.js';
-import { actionScopesOf } from './actors/action-keys.js';
-import type { Operator } from './actors/execute-step.js';
+import { actionScopesOf } from './execution/action-keys.js';
+import type { Operator } from './execution/execute-step.js';
 import {
   definePolicy,
   type Policy,
   type PolicyExport,
   type PolicyOptions,
-} from './actors/policies.js';
+} from './execution/policies.js';
 import {
   ApprovalNotAllowedError,
   ConfigurationError,

@@ -2,10 +2,10 @@ import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
 import { commitSpans } from '../observability/commit-spans.js';
 import { createRunHost, type AppliedEvent, type RunHost } from './run-host.js';
-import type { Operator, StreamedText } from './execute-step.js';
-import type { RegisteredPolicy } from './policies.js';
-import { replayOriginOf, type ReplayOrigin } from './replay-calls.js';
-import { modelClients } from './run-agent.js';
+import type { Operator, StreamedText } from '../execution/execute-step.js';
+import type { RegisteredPolicy } from '../execution/policies.js';
+import { replayOriginOf, type ReplayOrigin } from '../execution/replay-calls.js';
+import { modelClients } from '../execution/model-call.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
 import {
   InputValidationError,
@@ -45,11 +45,11 @@ import {
   resolveCacheLimits,
   type CacheStore,
 } from '../persistence/cache-store.js';
-import type { RunCacheOptions } from './step-cache.js';
+import type { RunCacheOptions } from '../execution/step-cache.js';
 import type { PlanStep } from '../plan/schema.js';
 import { createQuotaStore, type QuotaStore } from '../persistence/quota-store.js';
-import { createModelContext, type ModelContext } from './model-context.js';
-import { createUsageMeter, type UsageMeter } from './usage-meter.js';
+import { createModelContext, type ModelContext } from '../execution/model-context.js';
+import { createUsageMeter, type UsageMeter } from '../execution/usage-meter.js';
 import { createSnapshotStore, type SnapshotStore } from '../persistence/snapshot-store.js';
 import { createStreamWatcher, type StreamWatcher } from '../persistence/stream-watcher.js';
 import { createRunIndex, type RunIndex } from '../persistence/run-index.js';

@@ -24,9 +24,9 @@ import {
   executeStep,
   type StepExecutionDeps,
   type StepResult,
-} from './execute-step.js';
+} from '../execution/execute-step.js';
 import type { JobData } from './jobs.js';
-import { executeCached } from './step-cache.js';
+import { executeCached } from '../execution/step-cache.js';
 import { startUnit } from './unit-start.js';
 import {
   admitUnit,

@@ -44,8 +44,8 @@ import { toolCallsOf, type ChatMessage, type ModelReply } from '../llm/messages.
 import { tokenizerReady } from '../llm/tokens.js';
 import { traceAttempt } from '../observability/spans.js';
 import type { ReplayedCalls } from '../tools/call-tool.js';
-import { callGate } from './call-approval.js';
-import { readOnlyEntries, runToolCalls } from './agent-tools.js';
+import { callGate } from '../execution/call-approval.js';
+import { readOnlyEntries, runToolCalls } from '../execution/agent-tools.js';
 import {
   agentInput,
   failureOf,
@@ -53,20 +53,19 @@ import {
   resolveAgent,
   type StepExecutionDeps,
   type StepResult,
-} from './execute-step.js';
-import { enforceTaggedPolicies } from './policies.js';
+} from '../execution/execute-step.js';
+import { enforceTaggedPolicies } from '../execution/policies.js';
+import { claimFingerprint, stepFingerprint } from '../execution/agent-fingerprint.js';
 import {
   askModel,
-  claimFingerprint,
   shaped,
-  stepFingerprint,
   toolContext,
   totalUsage,
   userMessage,
   type AgentLoopDeps,
   type AgentResult,
   type AgentStepArgs,
-} from './run-agent.js';
+} from '../execution/model-call.js';
 import type { JobData, JobSpec } from './jobs.js';
 import { startUnit } from './unit-start.js';
 import {

@@ -11,7 +11,7 @@ import type { StepState } from '../machines/kernel.js';
 import type { ModelReply } from '../llm/messages.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
 import type { RuntimeCore } from './core.js';
-import { reservationUnit } from './usage-meter.js';
+import { reservationUnit } from '../execution/usage-meter.js';
 import type { Unit, UnitHost } from './unit.js';
 
 const NOTHING: Promise<null> = Promise.resolve(null);

@@ -39,13 +39,17 @@ import type { CommitOptions, RunEventRecord } from '../persistence/snapshot-stor
 import { formatUnitNote, type WorkerIdentity } from '../persistence/unit-notes.js';
 import type { RunEvent } from '../schemas/events.js';
 import { abortMessage, type RunMeta, type RuntimeCore, type StepFailureInfo } from './core.js';
-import { HistoryCache } from './history-cache.js';
+import { HistoryCache } from '../execution/history-cache.js';
 import { carrierNote, isDue, soleUnit, unitJobOf, type JobData, type JobSpec } from './jobs.js';
-import type { CallToApprove } from './call-approval.js';
-import { fallbackStep, type StepExecutionDeps, type StepResult } from './execute-step.js';
-import { replayedCalls } from './replay-calls.js';
+import type { CallToApprove } from '../execution/call-approval.js';
+import {
+  fallbackStep,
+  type StepExecutionDeps,
+  type StepResult,
+} from '../execution/execute-step.js';
+import { replayedCalls } from '../execution/replay-calls.js';
 import type { AppliedEvent, HostCommitOptions } from './run-host.js';
-import type { StepCacheDeps } from './step-cache.js';
+import type { StepCacheDeps } from '../execution/step-cache.js';
 import { journaledReplyOf, type AgentUnit } from './unit-start.js';
 
 /**
@@ -79,7 +83,7 @@ export interface UnitHostOptions {
 export function createUnitHost(core: RuntimeCore, options: UnitHostOptions): UnitHost {
   // A granular step's committed history, kept per run and step between turns: it is append-only,
   // so a cached prefix stays true and only the messages after it are read.
-  const histories = new HistoryCache(core, 512);
+  const histories = new HistoryCache(core.history, 512);
   return {
     core,
     histories,

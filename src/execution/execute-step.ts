@@ -30,13 +30,9 @@ import type { ToolRegistry } from '../tools/registry.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
 import type { ModelClient } from '../llm/openai-client.js';
 import { actionCallId, actionKeyOf, actionLedgerScope, keyInputValue } from './action-keys.js';
-import {
-  claimFingerprint,
-  runAtomicAgent,
-  stepFingerprint,
-  type AgentLoopDeps,
-  type AttemptCallJournal,
-} from './run-agent.js';
+import { claimFingerprint, stepFingerprint } from './agent-fingerprint.js';
+import { runAtomicAgent } from './atomic-agent.js';
+import type { AgentLoopDeps, AttemptCallJournal } from './model-call.js';
 import {
   enforcePolicy,
   enforceTaggedPolicies,
