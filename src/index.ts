@@ -221,12 +221,8 @@ export type { SnapshotDifference } from './machines/refold.js';
 export type { ReplayLink } from './persistence/lineage-store.js';
 export type { JournaledReply } from './persistence/model-journal.js';
 export type { RunListEntry, RunListFilter } from './worker/run-list.js';
-export type {
-  Operator,
-  OperatorContext,
-  StepTools,
-  StreamedText,
-} from './execution/execute-step.js';
+export type { Operator, OperatorContext, StepTools } from './execution/execute-step.js';
+export type { StreamedText } from './execution/ports.js';
 export type {
   Policy,
   PolicyContext,

@@ -138,7 +138,7 @@ function executeAttempt(
     },
     () =>
       executeStep(
-        { ...deps, ...a.unit.observers },
+        { ...deps, recorder: a.unit.recorder },
         { ...where, signal, ...replayOf(host, runId, meta, step) },
       ),
   );

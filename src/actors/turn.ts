@@ -55,6 +55,7 @@ import {
   type StepResult,
 } from '../execution/execute-step.js';
 import { enforceTaggedPolicies } from '../execution/policies.js';
+import type { HistoryReader } from '../execution/ports.js';
 import { claimFingerprint, stepFingerprint } from '../execution/agent-fingerprint.js';
 import {
   askModel,
@@ -160,7 +161,7 @@ async function turnUnit(
   );
   const outcome = await guardUnit(host, { runId, stepId, attempt }, jobSignal, limit, (signal) =>
     executeTurn(
-      { ...executionDepsFor(host, meta), ...unit.observers },
+      { ...executionDepsFor(host, meta), recorder: unit.recorder },
       {
         step,
         state,
@@ -407,9 +408,9 @@ async function takeOneTurn(deps: StepExecutionDeps, args: TurnExecution): Promis
         ...loopDeps(deps, { runId, step, attempt: state.attempt }, gate, args.replay),
         journal: deps.journal,
         fingerprints: deps.fingerprints,
-        readHistory: deps.readHistory,
+        histories: deps.histories,
         policyVersion: deps.policyVersion,
-        ...(deps.storeResult === undefined ? {} : { storeResult: deps.storeResult }),
+        ...(deps.results === undefined ? {} : { results: deps.results }),
       },
       {
         agent,
@@ -439,8 +440,8 @@ async function takeOneTurn(deps: StepExecutionDeps, args: TurnExecution): Promis
 export interface TurnDeps extends AgentLoopDeps {
   journal: ModelJournal;
   fingerprints: FingerprintStore;
-  /** The step's committed history, messages `[0, cursor)`. */
-  readHistory: (runId: string, stepId: string, cursor: number) => Promise<ChatMessage[]>;
+  /** The step's committed history. */
+  histories: HistoryReader;
   /** The runtime's `policyVersion`, part of the fingerprint. */
   policyVersion?: string | undefined;
 }
@@ -496,7 +497,7 @@ export interface TurnResult {
 export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResult> {
   const { step, runId, turn, cursor } = args;
   const current = await checkFingerprint(deps, args);
-  const history = cursor === 0 ? [] : await deps.readHistory(runId, step.id, cursor);
+  const history = cursor === 0 ? [] : await deps.histories.read(runId, step.id, cursor);
   const added: ChatMessage[] = turn === 0 ? [userMessage(args.input)] : [];
   const { reply, known } = await replyOf(deps, args, [...history, ...added]);
   added.push(reply.message);

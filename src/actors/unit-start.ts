@@ -53,9 +53,9 @@ export function startUnit(
   const worker = { host: identity.host, pid: identity.pid };
   return {
     started: state.status === 'READY' ? [{ type: 'step.started', stepId, attempt, at }] : [],
-    observers: {
-      onToolCall: (c) => done.push({ type: 'tool.called', ...where, ...c, at: core.clock() }),
-      onModelCall: (c) => done.push({ type: 'model.called', ...where, ...c, at: core.clock() }),
+    recorder: {
+      toolCalled: (c) => done.push({ type: 'tool.called', ...where, ...c, at: core.clock() }),
+      modelCalled: (c) => done.push({ type: 'model.called', ...where, ...c, at: core.clock() }),
     },
     async records() {
       const before = parseUnitNote(await previous);

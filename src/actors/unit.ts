@@ -47,6 +47,7 @@ import {
   type StepExecutionDeps,
   type StepResult,
 } from '../execution/execute-step.js';
+import type { CallRecorder } from '../execution/ports.js';
 import { replayedCalls } from '../execution/replay-calls.js';
 import type { AppliedEvent, HostCommitOptions } from './run-host.js';
 import type { StepCacheDeps } from '../execution/step-cache.js';
@@ -96,20 +97,21 @@ export function createUnitHost(core: RuntimeCore, options: UnitHostOptions): Uni
       clientFor: core.clientFor,
       tools: core.tools,
       ledger: core.ledger,
-      countToolCall: (runId, stepId) => core.counters.countToolCall(runId, stepId),
+      counter: core.counters,
       maxToolCalls: undefined,
       leaseMs: options.leaseMs,
       journal: core.journal,
       fingerprints: core.fingerprints,
-      readHistory: (runId, stepId, cursor) => histories.read(runId, stepId, cursor),
-      onChunk: (chunk) => core.publishChunk(chunk),
+      histories,
+      live: {
+        chunk: (chunk) => core.publishChunk(chunk),
+        progress: (where, info) =>
+          core.publishProgress(where.runId, where.stepId, where.attempt, info),
+      },
       meter: core.meter,
       context: core.context,
-      storeResult: (runId, content, thresholdBytes) =>
-        core.blobs.offload(runId, content, thresholdBytes),
+      results: core.blobs,
       policyVersion: core.policyVersion,
-      onProgress: (where, info) =>
-        core.publishProgress(where.runId, where.stepId, where.attempt, info),
     },
     stepCache: {
       cache: core.cache,
@@ -181,8 +183,8 @@ export interface Admitted {
 export interface Unit {
   /** `step.started` when the unit starts a READY step's execution. */
   started: RunEvent[];
-  /** Hooks that record the unit's tool and model calls. */
-  observers: Pick<StepExecutionDeps, 'onToolCall' | 'onModelCall'>;
+  /** Records the unit's tool and model calls, for its commit. */
+  recorder: CallRecorder;
   /** Its takeover (when it runs again what a dead worker started), its calls, and its run. */
   records(): Promise<RunEventRecord[]>;
 }

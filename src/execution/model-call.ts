@@ -14,7 +14,7 @@ import { canonicalHash } from '../internal/canonical-hash.js';
 import { type ToolRunContext, type ToolRunDeps } from './agent-tools.js';
 import { traceModelCall } from '../observability/spans.js';
 import type { ModelContext } from './model-context.js';
-import type { ModelCallObservation, RunUsageBudget, UsageMeter } from './usage-meter.js';
+import type { RunUsageBudget, UsageMeter } from './usage-meter.js';
 
 /** What an agent step returns: the final answer and what it took. */
 export interface AgentResult {
@@ -24,14 +24,18 @@ export interface AgentResult {
   usage: { promptTokens: number; completionTokens: number };
 }
 
+/** Fed an agent's reply text as it streams in. */
+export interface ReplyStream {
+  /** A piece `delta` of the reply of turn `turn`. */
+  text(delta: string, turn: number): void;
+}
+
 /** What an agent loop needs from the worker. */
 export interface AgentLoopDeps extends ToolRunDeps {
   /** One client per agent, reused across steps (the openai client keeps its connections). */
   clientFor: (agent: AgentDefinition) => ModelClient;
-  /** Receives reply text of turn `turn` as it streams in (agents that stream). */
-  onChunk?: (delta: string, turn: number) => void;
-  /** Told how each metered model call went. @defaultValue nobody */
-  onModelCall?: (call: ModelCallObservation) => void;
+  /** Fed reply text as it streams in (agents that stream). @defaultValue nobody */
+  stream?: ReplyStream;
   /** Reserves and reconciles the usage of each model call. @defaultValue calls are not metered */
   meter?: UsageMeter;
   /** Shapes what the model is sent (truncation, blobs). @defaultValue the conversation as is */
@@ -98,17 +102,18 @@ export async function askModel(
   alongside?: (reply: ModelReply) => void,
 ): Promise<ModelReply> {
   const { agent, step, runId, tenantId, signal } = args;
-  const onChunk = deps.onChunk;
+  const stream = deps.stream;
   const complete = (onSend?: () => Promise<void>) =>
     traceModelCall({ model: agent.model, agent: agent.name }, () =>
       deps.clientFor(agent).complete({
         messages,
         signal,
-        ...(onChunk === undefined ? {} : { onChunk: (d: string) => onChunk(d, turn) }),
+        ...(stream === undefined ? {} : { onChunk: (d: string) => stream.text(d, turn) }),
         ...(onSend === undefined ? {} : { onSend }),
       }),
     );
   if (deps.meter === undefined) return complete();
+  const recorder = deps.recorder;
   return deps.meter.call(
     {
       agent,
@@ -121,7 +126,7 @@ export async function askModel(
       messages,
       budget: args.budget,
       stepBudget: step.budgets,
-      ...(deps.onModelCall === undefined ? {} : { observe: deps.onModelCall }),
+      ...(recorder === undefined ? {} : { observe: (c) => recorder.modelCalled(c) }),
       ...(alongside === undefined ? {} : { alongside }),
     },
     complete,

@@ -83,7 +83,7 @@ beforeEach(async () => {
     clientFor: modelClients(),
     journal: createModelJournal(stores),
     fingerprints: createFingerprintStore(stores),
-    readHistory: (runId, stepId, cursor) => history.read(runId, stepId, { to: cursor }),
+    histories: { read: (runId, stepId, cursor) => history.read(runId, stepId, { to: cursor }) },
   };
 });
 
