@@ -116,12 +116,8 @@ export function createUnitHost(core: RuntimeCore, options: UnitHostOptions): Uni
     stepCache: {
       cache: core.cache,
       clock: core.clock,
-      identityOf: (step) => core.identityOf(step),
-      onError: (error, stepId) =>
-        core.log.warn(
-          { stepId, error: error instanceof Error ? error.message : String(error) },
-          'the step cache failed; the step runs uncached',
-        ),
+      identities: core,
+      log: core.log,
     },
   };
 }
