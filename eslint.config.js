@@ -22,9 +22,14 @@ const nodeIo = ['node:*', 'fs', 'net', 'http', 'https', 'child_process', 'crypto
  * - tools: tool definitions and the ledger-guarded call.
  * - agents: agent definitions (which name tools) and their fingerprint.
  * - llm: the model client (which sends an agent's tools), token counts, prices.
- * - actors: one unit of work (a step attempt or an agent turn) from admission to commit and its
- *   execution, the run host, the runtime core (the composition root) and the job specs.
- * - worker: the BullMQ shell over the unit host and its status registry, the start path
+ * - execution: what a unit of work calls to execute: an operator's context, a step's execution
+ *   and fallback, the agent loop's pieces (asking the model, the atomic loop, the fingerprint),
+ *   an agent's tool calls, the step cache, policies, call approval, replay of calls, action keys,
+ *   the model context, the usage meter, the history cache. It knows no unit, job or run host.
+ * - actors: the actors: one file per kind of unit (a step attempt, an agent turn) holding its
+ *   whole life from admission to commit, the phases they share, the run host, the runtime core
+ *   (the composition root) and the job specs.
+ * - worker: the BullMQ shell over the units and its status registry, the start path
  *   (`runtime.start` and the `start` job), event streams, the run list, replay.
  * - operations: the runtime's operations by concern (starting runs, decisions, reading runs,
  *   replay, registration), plain functions of the runtime core that `createRuntime` wires.
@@ -46,6 +51,7 @@ const layers = [
   ['tools'],
   ['agents'],
   ['llm'],
+  ['execution'],
   ['actors'],
   ['worker'],
   ['operations'],

@@ -4,8 +4,8 @@
  * names an operator the job does not define does not compile (and `flujo validate <module>` says
  * so at run time too, as every command that loads the module does).
  */
-import type { Operator } from './actors/execute-step.js';
-import type { PolicyExport } from './actors/policies.js';
+import type { Operator } from './execution/execute-step.js';
+import type { PolicyExport } from './execution/policies.js';
 import type { AgentDefinition } from './agents/define-agent.js';
 import type { JsonValue } from './internal/json.js';
 import type { PricingTable } from './llm/pricing.js';

@@ -221,15 +221,16 @@ export type { SnapshotDifference } from './machines/refold.js';
 export type { ReplayLink } from './persistence/lineage-store.js';
 export type { JournaledReply } from './persistence/model-journal.js';
 export type { RunListEntry, RunListFilter } from './worker/run-list.js';
-export type { Operator, OperatorContext, StepTools, StreamedText } from './actors/execute-step.js';
+export type { Operator, OperatorContext, StepTools } from './execution/execute-step.js';
+export type { StreamedText } from './execution/ports.js';
 export type {
   Policy,
   PolicyContext,
   PolicyDecision,
   PolicyExport,
   PolicyOptions,
-} from './actors/policies.js';
-export type { AgentResult } from './actors/run-agent.js';
+} from './execution/policies.js';
+export type { AgentResult } from './execution/model-call.js';
 export { createDefaultLogger, silentLogger } from './logging.js';
 export type { Logger } from './logging.js';
 export type { RunSummary } from './actors/run-host.js';

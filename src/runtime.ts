@@ -3,8 +3,8 @@
  * operations of `operations/` (starting runs, decisions, reading runs, replay, registration) to one
  * runtime core and bounds the calls that wait on Redis.
  */
-import type { Operator } from './actors/execute-step.js';
-import type { Policy, PolicyExport, PolicyOptions } from './actors/policies.js';
+import type { Operator } from './execution/execute-step.js';
+import type { Policy, PolicyExport, PolicyOptions } from './execution/policies.js';
 import type { JsonValue } from './internal/json.js';
 import type { RunTrace } from './observability/run-trace.js';
 import type { RunSnapshot } from './machines/kernel.js';

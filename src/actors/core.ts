@@ -2,10 +2,11 @@ import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
 import { commitSpans } from '../observability/commit-spans.js';
 import { createRunHost, type AppliedEvent, type RunHost } from './run-host.js';
-import type { Operator, StreamedText } from './execute-step.js';
-import type { RegisteredPolicy } from './policies.js';
-import { replayOriginOf, type ReplayOrigin } from './replay-calls.js';
-import { modelClients } from './run-agent.js';
+import type { Operator } from '../execution/execute-step.js';
+import type { StreamedText } from '../execution/ports.js';
+import type { RegisteredPolicy } from '../execution/policies.js';
+import { replayOriginOf, type ReplayOrigin } from '../execution/replay-calls.js';
+import { modelClients } from '../execution/model-call.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
 import {
   InputValidationError,
@@ -45,11 +46,11 @@ import {
   resolveCacheLimits,
   type CacheStore,
 } from '../persistence/cache-store.js';
-import type { RunCacheOptions } from './step-cache.js';
+import type { RunCacheOptions } from '../execution/step-cache.js';
 import type { PlanStep } from '../plan/schema.js';
 import { createQuotaStore, type QuotaStore } from '../persistence/quota-store.js';
-import { createModelContext, type ModelContext } from './model-context.js';
-import { createUsageMeter, type UsageMeter } from './usage-meter.js';
+import { createModelContext, type ModelContext } from '../execution/model-context.js';
+import { createUsageMeter, type UsageMeter } from '../execution/usage-meter.js';
 import { createSnapshotStore, type SnapshotStore } from '../persistence/snapshot-store.js';
 import { createStreamWatcher, type StreamWatcher } from '../persistence/stream-watcher.js';
 import { createRunIndex, type RunIndex } from '../persistence/run-index.js';
@@ -199,6 +200,47 @@ const JOB_DEFAULTS = {
 };
 
 /**
+ * The options of a runtime core that are checked before it connects to anything, as checked;
+ * `InputValidationError` naming the fix for one that is refused.
+ */
+function checkOptions(options: CoreOptions) {
+  if (options.onStepFailure !== undefined && typeof options.onStepFailure !== 'function') {
+    throw new InputValidationError('runtime options', [
+      {
+        path: 'onStepFailure',
+        message: 'must be a function, e.g. onStepFailure: (failure) => console.warn(failure)',
+      },
+    ]);
+  }
+  const policyVersion: unknown = options.policyVersion;
+  if (policyVersion !== undefined && (typeof policyVersion !== 'string' || policyVersion === '')) {
+    throw new InputValidationError('runtime options', [
+      {
+        path: 'policyVersion',
+        message: 'must be a non-empty string, e.g. policyVersion: "2026-11"',
+      },
+    ]);
+  }
+  const retention = parseRetentionOptions(options.retention);
+  const cacheLimits = resolveCacheLimits(options.cache ?? {});
+  let redisTimeoutMs: number;
+  try {
+    redisTimeoutMs = checkRedisTimeout(options.redisTimeoutMs, 'redisTimeoutMs');
+  } catch (error) {
+    throw new InputValidationError('runtime options', [
+      { path: 'redisTimeoutMs', message: (error as Error).message },
+    ]);
+  }
+  return {
+    onStepFailure: options.onStepFailure,
+    policyVersion,
+    retention,
+    cacheLimits,
+    redisTimeoutMs,
+  };
+}
+
+/**
  * The connections, stores and registries one runtime shares with its workers. Not exported from the
  * package (not tagged internal: the declarations of the worker's modules refer to it).
  */
@@ -259,37 +301,11 @@ export class RuntimeCore {
 
   constructor(options: CoreOptions) {
     // Checked before any connection is made: a refused option leaves nothing open.
-    if (options.onStepFailure !== undefined && typeof options.onStepFailure !== 'function') {
-      throw new InputValidationError('runtime options', [
-        {
-          path: 'onStepFailure',
-          message: 'must be a function, e.g. onStepFailure: (failure) => console.warn(failure)',
-        },
-      ]);
-    }
-    this.onStepFailure = options.onStepFailure;
-    const policyVersion: unknown = options.policyVersion;
-    if (
-      policyVersion !== undefined &&
-      (typeof policyVersion !== 'string' || policyVersion === '')
-    ) {
-      throw new InputValidationError('runtime options', [
-        {
-          path: 'policyVersion',
-          message: 'must be a non-empty string, e.g. policyVersion: "2026-11"',
-        },
-      ]);
-    }
-    this.policyVersion = policyVersion;
-    const retention = parseRetentionOptions(options.retention);
-    const cacheLimits = resolveCacheLimits(options.cache ?? {});
-    try {
-      this.redisTimeoutMs = checkRedisTimeout(options.redisTimeoutMs, 'redisTimeoutMs');
-    } catch (error) {
-      throw new InputValidationError('runtime options', [
-        { path: 'redisTimeoutMs', message: (error as Error).message },
-      ]);
-    }
+    const checked = checkOptions(options);
+    this.onStepFailure = checked.onStepFailure;
+    this.policyVersion = checked.policyVersion;
+    const { retention, cacheLimits } = checked;
+    this.redisTimeoutMs = checked.redisTimeoutMs;
     this.ownsRedis = typeof options.redis === 'string';
     this.redis =
       typeof options.redis === 'string'

@@ -3,7 +3,7 @@
  * resolve an in-doubt tool call, set a tenant's quota. Each a plain function of the runtime core
  * (and, for a decision on a step, the embedding service's `authorizeDecision` hook).
  */
-import { actionScopesOf } from '../actors/action-keys.js';
+import { actionScopesOf } from '../execution/action-keys.js';
 import type { RuntimeCore } from '../actors/core.js';
 import {
   ApprovalNotAllowedError,

@@ -3,7 +3,7 @@
  * wait for a run to settle. Each a plain function of the runtime core; nothing here writes.
  */
 import { summarize, type RunSummary } from '../actors/run-host.js';
-import { actionScopesOf } from '../actors/action-keys.js';
+import { actionScopesOf } from '../execution/action-keys.js';
 import type { RuntimeCore } from '../actors/core.js';
 import type { JsonValue } from '../internal/json.js';
 import { runSteps, runStatus, type RunSnapshot, type StepState } from '../machines/kernel.js';

@@ -3,13 +3,13 @@
  * one by one. Each a plain function of the runtime core's registries.
  */
 import type { RuntimeCore } from '../actors/core.js';
-import type { Operator } from '../actors/execute-step.js';
+import type { Operator } from '../execution/execute-step.js';
 import {
   definePolicy,
   type Policy,
   type PolicyExport,
   type PolicyOptions,
-} from '../actors/policies.js';
+} from '../execution/policies.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
 import { ConfigurationError, InputValidationError } from '../errors.js';
 import type { ToolDefinition } from '../tools/define-tool.js';

@@ -40,7 +40,7 @@ export interface RecordedReply {
 /** One model call of an atomic step's attempt, as journaled. */
 export interface JournaledCall {
   /**
-   * The digest of the request the reply answered (see `requestDigest` in `actors/run-agent.ts`);
+   * The digest of the request the reply answered (see `requestDigest` in `execution/model-call.ts`);
    * null for a reply an earlier release recorded at a pause, which carries none.
    */
   request: string | null;

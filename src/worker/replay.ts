@@ -23,7 +23,7 @@ import {
   replayMetaFields,
   type RecordedEffect,
   type ReplayOrigin,
-} from '../actors/replay-calls.js';
+} from '../execution/replay-calls.js';
 import { InputValidationError, InvariantError, type ValidationIssue } from '../errors.js';
 import type { JsonValue } from '../internal/json.js';
 import { advanceRun, runStatus, runSteps, startRun, type RunSnapshot } from '../machines/kernel.js';

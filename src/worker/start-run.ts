@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { keyInputIssues } from '../actors/action-keys.js';
+import { keyInputIssues } from '../execution/action-keys.js';
 import { InputValidationError, RunAlreadyExistsError } from '../errors.js';
 import { assertPlainJson } from '../internal/json.js';
 import { runStatus } from '../machines/kernel.js';

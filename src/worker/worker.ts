@@ -2,15 +2,18 @@ import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import { DelayedError, Worker, type Job } from 'bullmq';
 import type { Redis } from 'ioredis';
+import { runStepUnit } from '../actors/step.js';
+import { runTurnUnit } from '../actors/turn.js';
 import {
   abortUnit,
   createUnitHost,
   runDeadline,
   runRetryDue,
-  runUnit,
   type Admitted,
   type Chain,
-} from '../actors/unit-host.js';
+  type UnitHost,
+  type UnitOutcome,
+} from '../actors/unit.js';
 import { RunNotFoundError } from '../errors.js';
 import type { WorkerIdentity } from '../persistence/unit-notes.js';
 import { coalesceWrites } from '../persistence/write-coalescing.js';
@@ -19,6 +22,20 @@ import { JobName, type JobData } from '../actors/jobs.js';
 import { processStartJob } from './start-job.js';
 import { createWorkerRegistry, type UnitEnd, type WorkerStatus } from './registry.js';
 import { preloadTokenizers } from '../llm/tokens.js';
+
+/** Runs the unit a job (or a chain) names: a turn of a granular step, or a step attempt. */
+export function runUnit(
+  host: UnitHost,
+  name: string,
+  data: JobData,
+  chain: Chain,
+  jobSignal?: AbortSignal,
+  held?: Admitted,
+): Promise<UnitOutcome> {
+  return name === JobName.turn
+    ? runTurnUnit(host, data, chain, jobSignal, held)
+    : runStepUnit(host, data, chain, jobSignal, held);
+}
 
 /** Options of a worker. */
 export interface WorkerOptions {

@@ -7,12 +7,9 @@ import { randomUUID } from 'node:crypto';
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import {
-  modelClients,
-  stepFingerprint,
-  takeTurn,
-  type TurnDeps,
-} from '../../src/actors/run-agent.js';
+import { stepFingerprint } from '../../src/execution/agent-fingerprint.js';
+import { modelClients } from '../../src/execution/model-call.js';
+import { takeTurn, type TurnDeps } from '../../src/actors/turn.js';
 import { defineAgent, type AgentSpec } from '../../src/agents/define-agent.js';
 import { ResumeError } from '../../src/errors.js';
 import type { JsonValue } from '../../src/internal/json.js';
@@ -86,7 +83,7 @@ beforeEach(async () => {
     clientFor: modelClients(),
     journal: createModelJournal(stores),
     fingerprints: createFingerprintStore(stores),
-    readHistory: (runId, stepId, cursor) => history.read(runId, stepId, { to: cursor }),
+    histories: { read: (runId, stepId, cursor) => history.read(runId, stepId, { to: cursor }) },
   };
 });
 

@@ -5,7 +5,7 @@
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import type { OperatorContext } from '../../src/actors/execute-step.js';
+import type { OperatorContext } from '../../src/execution/execute-step.js';
 import { defineAgent } from '../../src/agents/define-agent.js';
 import type { PlanInput } from '../../src/plan/schema.js';
 import { createRuntime, type Runtime } from '../../src/runtime.js';

@@ -9,7 +9,7 @@ import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { z } from 'zod';
 import { InputValidationError, StepNotWaitingError } from '../../src/errors.js';
-import type { OperatorContext } from '../../src/actors/execute-step.js';
+import type { OperatorContext } from '../../src/execution/execute-step.js';
 import type { JsonValue } from '../../src/internal/json.js';
 import type { PlanInput } from '../../src/plan/schema.js';
 import type { StoredRunEvent } from '../../src/persistence/snapshot-store.js';

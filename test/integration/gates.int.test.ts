@@ -12,7 +12,7 @@ import {
   PlanValidationError,
   StepNotSkippableError,
 } from '../../src/errors.js';
-import type { OperatorContext } from '../../src/actors/execute-step.js';
+import type { OperatorContext } from '../../src/execution/execute-step.js';
 import type { JsonValue } from '../../src/internal/json.js';
 import type { PlanInput } from '../../src/plan/schema.js';
 import type { StoredRunEvent } from '../../src/persistence/snapshot-store.js';

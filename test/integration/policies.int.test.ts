@@ -5,8 +5,8 @@
  */
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { OperatorContext } from '../../src/actors/execute-step.js';
-import type { PolicyContext } from '../../src/actors/policies.js';
+import type { OperatorContext } from '../../src/execution/execute-step.js';
+import type { PolicyContext } from '../../src/execution/policies.js';
 import { InputValidationError } from '../../src/errors.js';
 import type { PlanInput } from '../../src/plan/schema.js';
 import { createRuntime, type Runtime } from '../../src/runtime.js';

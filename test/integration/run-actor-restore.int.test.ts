@@ -6,7 +6,7 @@
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createActor, type Actor } from 'xstate';
-import type { OperatorContext } from '../../src/actors/execute-step.js';
+import type { OperatorContext } from '../../src/execution/execute-step.js';
 import { InputValidationError, RunNotFoundError } from '../../src/errors.js';
 import { runMachine } from '../../src/machines/run-machine.js';
 import type { PlanInput } from '../../src/plan/schema.js';

@@ -18,7 +18,7 @@ import {
 } from '../../src/index.js';
 import { silentLogger } from '../../src/logging.js';
 import type { ChatMessage, ModelReply } from '../../src/llm/messages.js';
-import type { MeteredCall } from '../../src/actors/usage-meter.js';
+import type { MeteredCall } from '../../src/execution/usage-meter.js';
 import { runtimeCore } from '../../src/runtime.js';
 import { connect, deleteRuntimeKeys, redisUrl } from '../helpers/redis.js';
 import { scriptedAgent, useScriptedModel } from '../helpers/scripted-agent.js';

@@ -10,7 +10,7 @@ import {
   SimpleSpanProcessor,
 } from '@opentelemetry/sdk-trace-base';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { ApprovalPending } from '../../src/actors/call-approval.js';
+import { ApprovalPending } from '../../src/execution/call-approval.js';
 import { ToolCallBusyError, ToolOutcomeUnknownError } from '../../src/errors.js';
 import {
   traceAttempt,

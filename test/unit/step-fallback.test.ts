@@ -5,8 +5,8 @@
 import { getAdjacencyMap } from '@xstate/graph';
 import { describe, expect, it } from 'vitest';
 import { initialTransition, transition, type SnapshotFrom } from 'xstate';
-import { fallbackStep } from '../../src/actors/execute-step.js';
-import { stepCacheKey } from '../../src/actors/step-cache.js';
+import { fallbackStep } from '../../src/execution/execute-step.js';
+import { stepCacheKey } from '../../src/execution/step-cache.js';
 import {
   FallbackFailedError,
   StepNonDeterminismError,

@@ -8,17 +8,17 @@ import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';
+import { runStepUnit } from '../../src/actors/step.js';
+import { runTurnUnit } from '../../src/actors/turn.js';
 import {
   abortUnit,
   admitUnit,
   createUnitHost,
   guardUnit,
-  runStepUnit,
-  runTurnUnit,
-  runUnit,
   type Chain,
   type UnitHost,
-} from '../../src/actors/unit-host.js';
+} from '../../src/actors/unit.js';
+import { runUnit } from '../../src/worker/worker.js';
 import {
   createRuntime,
   defineTool,

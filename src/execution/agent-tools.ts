@@ -23,6 +23,7 @@ import {
 import { ToolClass } from '../tools/classify.js';
 import type { ToolDefinition } from '../tools/define-tool.js';
 import { rejectionMessage, type CallGate } from './call-approval.js';
+import type { CallRecorder, ResultStore } from './ports.js';
 
 const sha256 = (text: string): string => createHash('sha256').update(text, 'utf8').digest('hex');
 
@@ -78,13 +79,13 @@ export interface ToolRunDeps {
    * Stores a large tool result as a blob (granular steps): the ledger's receipt and the history
    * then keep its reference. @defaultValue results are kept as they are
    */
-  storeResult?: StoreResult;
+  results?: ResultStore;
   /** Decides on calls of tools with risk level high or critical (see `callGate`). */
   gate?: CallGate;
   /** In a run that replays another: the original's receipts (see `callTool`). */
   replay?: ReplayedCalls;
-  /** Told how each tool call went, with the turn it was made in. @defaultValue nobody */
-  onToolCall?: (call: ToolCallObservation & { turn: number }) => void;
+  /** Records each tool call, with the turn it was made in, and each model call. @defaultValue nobody */
+  recorder?: CallRecorder;
 }
 
 /** Where the calls happen. */
@@ -180,7 +181,9 @@ export async function runToolCalls(
   const tools = new Map(agent.tools.map((t) => [t.name, t]));
   const key = turnIdempotencyKey(runId, stepId, turn);
   const messages: ChatMessage[] = [];
-  const { storeResult } = deps;
+  const { results, recorder } = deps;
+  const storeResult: StoreResult | undefined =
+    results === undefined ? undefined : (runId, content, t) => results.offload(runId, content, t);
   for (const [i, call] of calls.entries()) {
     if (i > 0) debugPoint(DebugPoint.betweenTools, `${stepId}:${turn}:${i}`);
     const tool = tools.get(call.name);
@@ -233,9 +236,9 @@ export async function runToolCalls(
                 }),
             }),
         ...(deps.beforeRun === undefined ? {} : { beforeRun: deps.beforeRun }),
-        ...(deps.onToolCall === undefined
+        ...(recorder === undefined
           ? {}
-          : { observe: (c: ToolCallObservation) => deps.onToolCall?.({ ...c, turn }) }),
+          : { observe: (c: ToolCallObservation) => recorder.toolCalled({ ...c, turn }) }),
         ...(storeResult === undefined
           ? {}
           : { storeResult, blobThresholdBytes: context.blobThresholdBytes }),

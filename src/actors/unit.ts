@@ -1,23 +1,31 @@
 /**
- * The per-run actor host of a worker: the whole life of one unit of work (a step attempt, or one
- * turn of a granular agent step), phase by phase, without BullMQ. A unit is admitted against the
- * run's snapshot (`admitUnit`), runs guarded by the run's aborts and its attempt's time limit
- * (`guardUnit`), executes (`runStepUnit`: the operator, agent loop or policy, through the step
- * cache; `runTurnUnit`: one journaled model call and its ledger-guarded tool calls), commits what
- * it came to with what it recorded (`commitUnit`), and then either hands the run's next unit to the
- * same job (`nextUnit`) or leaves what became due to the queue. Each phase returns what the unit
- * came to; the worker's shell maps jobs to these functions and acts on the outcome (a job moved
- * back to the queue for a busy tool call, the next unit of a chain).
+ * The phases every unit of work shares, whichever kind it is (a step attempt: `step.ts`; one turn
+ * of a granular agent step: `turn.ts`), in the order a unit goes through them:
+ *
+ * 1. Admit (`admitUnit`, `admitLoaded`): the unit must still be due in the run's snapshot, and the
+ *    run's budgets (`maxWallClockMs`, `maxSteps`) must allow it; else it ends, and what is due is
+ *    enqueued again.
+ * 2. Guard (`attemptLimit`, `guardUnit`): its execution runs aborted by a run cancel, by its job,
+ *    and by the attempt's time limit (its `timeoutMs`, what is left of its `maxWallClockMs`).
+ * 3. Start (`startUnit`, in `unit-start.ts`): the note beside the run that shows it RUNNING, and
+ *    the records its commit carries.
+ * 4. Commit (`commitUnit`, or `pauseUnit` for a call that waits for a person; `endsEarly` for a
+ *    busy tool call or a budget stop, which commit nothing of the unit): its events and records
+ *    in one commit, then the failure hook (`notifyFailures`) and, for a run that ended, the
+ *    settling of what dead workers left reserved (`afterCommit`).
+ * 5. Next (`nextUnit`): the one unit the commit made due goes on in the same job; anything else
+ *    is left to the queue.
+ *
+ * Besides, the jobs that are timers of a run: its deadline (`runDeadline`) and a step's retry
+ * backoff (`runRetryDue`), and the budget stop they and admission share (`stopForBudget`).
  */
 import { randomInt } from 'node:crypto';
 import {
   BudgetExceededError,
-  MaxTurnsExceededError,
   StepTimeoutError,
   type FlujoError,
   type SerializedError,
 } from '../errors.js';
-import { debugPoint, DebugPoint } from '../internal/debug-points.js';
 import type { JsonValue } from '../internal/json.js';
 import {
   runSteps,
@@ -25,39 +33,25 @@ import {
   type RunTransition,
   type StepState,
 } from '../machines/kernel.js';
-import type { AgentStep, PlanStep } from '../plan/schema.js';
+import type { PlanStep } from '../plan/schema.js';
 import type { SnapshotEnvelope } from '../persistence/codec.js';
 import type { CommitOptions, RunEventRecord } from '../persistence/snapshot-store.js';
-import type { Reservation } from '../persistence/quota-store.js';
-import type { ModelReply } from '../llm/messages.js';
-import type { AgentDefinition } from '../agents/define-agent.js';
-import { formatUnitNote, parseUnitNote, type WorkerIdentity } from '../persistence/unit-notes.js';
+import { formatUnitNote, type WorkerIdentity } from '../persistence/unit-notes.js';
 import type { RunEvent } from '../schemas/events.js';
 import { abortMessage, type RunMeta, type RuntimeCore, type StepFailureInfo } from './core.js';
-import { HistoryCache } from './history-cache.js';
+import { HistoryCache } from '../execution/history-cache.js';
+import { carrierNote, isDue, soleUnit, unitJobOf, type JobData, type JobSpec } from './jobs.js';
+import type { CallToApprove } from '../execution/call-approval.js';
 import {
-  carrierNote,
-  isDue,
-  JobName,
-  soleUnit,
-  unitJobOf,
-  type JobData,
-  type JobSpec,
-} from './jobs.js';
-import type { CallToApprove } from './call-approval.js';
-import {
-  checkTaggedPolicies,
-  executeStep,
   fallbackStep,
-  executeTurn,
   type StepExecutionDeps,
   type StepResult,
-  type TurnOutcome,
-} from './execute-step.js';
-import { replayedCalls } from './replay-calls.js';
+} from '../execution/execute-step.js';
+import type { CallRecorder } from '../execution/ports.js';
+import { replayedCalls } from '../execution/replay-calls.js';
 import type { AppliedEvent, HostCommitOptions } from './run-host.js';
-import { executeCached, type StepCacheDeps } from './step-cache.js';
-import { reservationUnit } from './usage-meter.js';
+import type { StepCacheDeps } from '../execution/step-cache.js';
+import { journaledReplyOf, type AgentUnit } from './unit-start.js';
 
 /**
  * What every unit a worker runs is given, built once when the worker starts (see
@@ -90,7 +84,7 @@ export interface UnitHostOptions {
 export function createUnitHost(core: RuntimeCore, options: UnitHostOptions): UnitHost {
   // A granular step's committed history, kept per run and step between turns: it is append-only,
   // so a cached prefix stays true and only the messages after it are read.
-  const histories = new HistoryCache(core, 512);
+  const histories = new HistoryCache(core.history, 512);
   return {
     core,
     histories,
@@ -103,30 +97,27 @@ export function createUnitHost(core: RuntimeCore, options: UnitHostOptions): Uni
       clientFor: core.clientFor,
       tools: core.tools,
       ledger: core.ledger,
-      countToolCall: (runId, stepId) => core.counters.countToolCall(runId, stepId),
+      counter: core.counters,
       maxToolCalls: undefined,
       leaseMs: options.leaseMs,
       journal: core.journal,
       fingerprints: core.fingerprints,
-      readHistory: (runId, stepId, cursor) => histories.read(runId, stepId, cursor),
-      onChunk: (chunk) => core.publishChunk(chunk),
+      histories,
+      live: {
+        chunk: (chunk) => core.publishChunk(chunk),
+        progress: (where, info) =>
+          core.publishProgress(where.runId, where.stepId, where.attempt, info),
+      },
       meter: core.meter,
       context: core.context,
-      storeResult: (runId, content, thresholdBytes) =>
-        core.blobs.offload(runId, content, thresholdBytes),
+      results: core.blobs,
       policyVersion: core.policyVersion,
-      onProgress: (where, info) =>
-        core.publishProgress(where.runId, where.stepId, where.attempt, info),
     },
     stepCache: {
       cache: core.cache,
       clock: core.clock,
-      identityOf: (step) => core.identityOf(step),
-      onError: (error, stepId) =>
-        core.log.warn(
-          { stepId, error: error instanceof Error ? error.message : String(error) },
-          'the step cache failed; the step runs uncached',
-        ),
+      identities: core,
+      log: core.log,
     },
   };
 }
@@ -152,7 +143,7 @@ export interface Chain {
 }
 
 /** Whether the chain may take one more unit now. */
-const mayGoOn = (chain: Chain): boolean =>
+export const mayGoOn = (chain: Chain): boolean =>
   chain.closing?.aborted !== true && performance.now() < chain.until;
 
 /**
@@ -188,13 +179,11 @@ export interface Admitted {
 export interface Unit {
   /** `step.started` when the unit starts a READY step's execution. */
   started: RunEvent[];
-  /** Hooks that record the unit's tool and model calls. */
-  observers: Pick<StepExecutionDeps, 'onToolCall' | 'onModelCall'>;
+  /** Records the unit's tool and model calls, for its commit. */
+  recorder: CallRecorder;
   /** Its takeover (when it runs again what a dead worker started), its calls, and its run. */
   records(): Promise<RunEventRecord[]>;
 }
-
-const NOTHING: Promise<null> = Promise.resolve(null);
 
 /** The longest delay a Node timer takes (2^31 - 1 ms); a longer one fires at once. */
 const MAX_TIMER_MS = 2_147_483_647;
@@ -205,7 +194,7 @@ const MAX_TIMER_MS = 2_147_483_647;
  * without the outputs (they are stored once, beside it): those of steps that succeeded are read
  * here, in one round trip, unless the run held in memory has them.
  */
-async function outputsOf(
+export async function outputsOf(
   core: RuntimeCore,
   runId: string,
   env: SnapshotEnvelope<RunSnapshot>,
@@ -250,7 +239,7 @@ export function executionDepsFor(host: UnitHost, meta: RunMeta): StepExecutionDe
  * granular step, or a step attempt run whole (an atomic step, or a fallback agent, which runs
  * atomically); undefined for a unit that runs no agent.
  */
-function agentUnit(
+export function agentUnit(
   host: UnitHost,
   meta: RunMeta,
   step: PlanStep,
@@ -266,7 +255,7 @@ function agentUnit(
 }
 
 /** In a run that replays another: where the step's tool calls find the original's receipts. */
-function replayOf(host: UnitHost, runId: string, meta: RunMeta, step: PlanStep) {
+export function replayOf(host: UnitHost, runId: string, meta: RunMeta, step: PlanStep) {
   const { core } = host;
   const blobs = { store: core.blobs, runId };
   const replay = replayedCalls(core.ledger, meta.replay, meta.tenantId, step, blobs);
@@ -323,7 +312,7 @@ export async function runRetryDue(host: UnitHost, data: JobData): Promise<string
  * After a commit that ended the run: settles the usage reservations a worker that died left
  * open (none in the common case: one small read), so a finished run holds no open reservation.
  */
-async function afterCommit(
+export async function afterCommit(
   host: UnitHost,
   runId: string,
   meta: RunMeta,
@@ -402,7 +391,7 @@ export async function admitLoaded(
  * limit's error at once, and whatever `work` still produces is discarded (a late success is
  * never committed; a tool still running loses its lease and lapses into doubt).
  */
-export async function guardUnit<T extends StepResult | TurnOutcome>(
+export async function guardUnit<T extends { kind: string }>(
   host: UnitHost,
   where: { runId: string; stepId: string; attempt: number },
   jobSignal: AbortSignal | undefined,
@@ -479,10 +468,10 @@ export async function attemptLimit(
  * What ends a job before its commit: a tool call whose lease another worker holds (come back
  * later, without spending an attempt), or a budget hit (the run is stopped). Null otherwise.
  */
-async function endsEarly(
+export async function endsEarly(
   host: UnitHost,
   env: SnapshotEnvelope<RunSnapshot>,
-  result: StepResult | TurnOutcome,
+  result: StepResult | { kind: 'turn' },
   data: JobData,
 ): Promise<UnitOutcome | null> {
   if (result.kind === 'failed' && result.error.code === 'tool_call_busy') {
@@ -501,7 +490,7 @@ async function endsEarly(
  * committed; `applied` its result). A sync hook runs before this returns; an async one runs on
  * its own. Anything it throws is logged.
  */
-function notifyFailures(
+export function notifyFailures(
   host: UnitHost,
   runId: string,
   events: readonly RunEvent[],
@@ -545,176 +534,8 @@ function notifyFailures(
   }
 }
 
-/**
- * The start of an execution of a READY step. Not a commit of its own (a commit per step would
- * cost about as much as the step's own commit): the worker notes it beside the run with one
- * write it does not wait for, which status reads to show the step RUNNING, and returns the
- * `step.started` (READY → RUNNING, stamped now) that it commits with the execution's first
- * result, so the event stream records the interval the attempt ran. Nothing decides on the
- * note: which execution may run is still only the job's guard against the snapshot. The write
- * returns the note it replaced: the same execution noted by another worker is a unit taken over.
- * The unit's tool and model calls and its run (worker, duration) are recorded in its commit.
- */
-export function startUnit(
-  host: UnitHost,
-  state: StepState,
-  runId: string,
-  stepId: string,
-  turn?: number,
-  noted = false,
-  agent?: AgentUnit,
-): Unit {
-  const { core, identity } = host;
-  const at = core.clock();
-  const began = performance.now();
-  const { attempt } = state;
-  const pauses = state.pauses ?? 0;
-  const where = { stepId, attempt, ...(turn === undefined ? {} : { turn }) };
-  // The note is also written for every turn: a turn taken over is a unit of its own. A unit
-  // that a commit of this job handed to it was noted by that commit: no other worker has run it.
-  const previous =
-    !noted && (state.status === 'READY' || turn !== undefined)
-      ? core.unitNotes
-          .swap(runId, stepId, formatUnitNote(attempt, pauses, at, turn, identity))
-          .catch(() => null)
-      : NOTHING;
-  const done: RunEventRecord[] = [];
-  const worker = { host: identity.host, pid: identity.pid };
-  return {
-    started: state.status === 'READY' ? [{ type: 'step.started', stepId, attempt, at }] : [],
-    observers: {
-      onToolCall: (c) => done.push({ type: 'tool.called', ...where, ...c, at: core.clock() }),
-      onModelCall: (c) => done.push({ type: 'model.called', ...where, ...c, at: core.clock() }),
-    },
-    async records() {
-      const before = parseUnitNote(await previous);
-      const out: RunEventRecord[] = [];
-      // This unit was started before and never committed (a commit of it would have kept it
-      // from running again): that execution died, lost its job's lock, or came back later.
-      const again =
-        before !== null &&
-        before.attempt === attempt &&
-        before.pauses === pauses &&
-        before.turn === (turn ?? null);
-      // Noted by another worker: it died (or lost its job's lock), and this worker runs the unit
-      // again.
-      if (again && before.worker != null && before.worker.id !== identity.id) {
-        out.push({
-          type: turn === undefined ? 'step.takenOver' : 'turn.takenOver',
-          ...where,
-          previousWorker: { host: before.worker.host, pid: before.worker.pid },
-          previousStartedAt: before.at,
-          worker,
-          at,
-        });
-      }
-      // The model calls those executions made are recorded here, since their commit never came.
-      if (again && agent !== undefined) {
-        const observed = new Set(done.map((d) => d['reservationId']));
-        const unit = { runId, stepId, attempt, pauses, ...(turn === undefined ? {} : { turn }) };
-        out.push(...(await uncommittedCalls(host, agent, unit, observed)));
-      }
-      out.push(...done, {
-        type: turn === undefined ? 'step.ran' : 'turn.ran',
-        ...where,
-        worker,
-        startedAt: at,
-        durationMs: Math.round((performance.now() - began) * 1000) / 1000,
-        at: core.clock(),
-      });
-      return out;
-    },
-  };
-}
-
-/** What the records of an agent step's unit need: the run's tenant, the step's model. */
-export interface AgentUnit {
-  tenantId: string;
-  agent: AgentDefinition;
-  mode: 'atomic' | 'granular';
-}
-
-/**
- * The reply the journal holds for the model call of reservation `r` of a step of mode `mode`:
- * a granular turn's, or, for an atomic attempt's call (its attempt named in the reservation's
- * id), that call's; null when there is none.
- */
-async function journaledReplyOf(
-  core: RuntimeCore,
-  runId: string,
-  mode: 'atomic' | 'granular',
-  r: Reservation,
-): Promise<ModelReply | null> {
-  if (mode === 'granular') return core.journal.get(runId, r.stepId, r.turn);
-  const unit = reservationUnit(r.id);
-  if (unit === null) return null;
-  const calls = await core.journal.attemptCalls(runId, r.stepId, unit.attempt, r.turn + 1);
-  return calls[r.turn]?.reply ?? null;
-}
-
-/**
- * The `model.called` records of the model calls that earlier executions of this unit made and
- * never committed (they stopped before their commit): its reservations (the reservation ids name
- * the attempt and pause that made them, and a granular turn's reservations its turn) that this
- * execution did not make. Those still open are settled first (a reply in the journal for it: its
- * usage; sent and unanswered: the baseline; never sent: nothing). A reservation that sent no
- * request is released, not a call, and has no record. Read only for a unit that ran before.
- */
-async function uncommittedCalls(
-  host: UnitHost,
-  agent: AgentUnit,
-  unit: { runId: string; stepId: string; attempt: number; pauses: number; turn?: number },
-  observed: ReadonlySet<unknown>,
-): Promise<RunEventRecord[]> {
-  const { core } = host;
-  const { runId, stepId, attempt, pauses, turn } = unit;
-  const theirs = (r: Reservation): boolean => {
-    if (r.stepId !== stepId || observed.has(r.id)) return false;
-    if (turn !== undefined && r.turn !== turn) return false;
-    const made = reservationUnit(r.id);
-    return made !== null && made.attempt === attempt && made.pause === pauses;
-  };
-  try {
-    let list = (await core.quota.list(agent.tenantId, runId)).filter(theirs);
-    if (list.some((r) => r.outcome === null)) {
-      const where = { tenantId: agent.tenantId, runId, stepId, agent: agent.agent };
-      await core.meter.settle(where, (r) => journaledReplyOf(core, runId, agent.mode, r));
-      list = (await core.quota.list(agent.tenantId, runId)).filter(theirs);
-    }
-    const where = { stepId, attempt, ...(turn === undefined ? {} : { turn }) };
-    return list
-      .filter((r) => (r.outcome === 'usage' || r.outcome === 'baseline') && r.charged !== null)
-      .map((r) => {
-        const charged = r.charged!;
-        const end = r.reconciledAt ?? r.createdAt;
-        return {
-          type: 'model.called',
-          ...where,
-          reservationId: r.id,
-          model: agent.agent.model,
-          turn: r.turn,
-          charged: r.outcome as 'usage' | 'baseline',
-          inputTokens: charged.inputTokens,
-          outputTokens: charged.outputTokens,
-          costUsd: charged.microUsd / 1_000_000,
-          durationMs: Math.max(0, end - (r.sentAt ?? r.createdAt)),
-          // Made by an execution of the unit that never committed; recorded by this one.
-          uncommitted: true,
-          at: end,
-        };
-      });
-  } catch (error) {
-    // The record of the unit is not worth failing its commit for.
-    core.log.warn(
-      { runId, stepId, attempt, error: error instanceof Error ? error.message : String(error) },
-      'could not read the model calls of an earlier execution of the unit',
-    );
-    return [];
-  }
-}
-
 /** Commit options that also record what the unit did. */
-async function recording(
+export async function recording(
   unit: Unit,
   options: CommitOptions | ((t: RunTransition) => CommitOptions) = {},
 ): Promise<(t: RunTransition) => HostCommitOptions> {
@@ -722,7 +543,7 @@ async function recording(
   return (t) => ({ ...(typeof options === 'function' ? options(t) : options), records });
 }
 
-const failed = (
+export const failed = (
   host: UnitHost,
   stepId: string,
   attempt: number,
@@ -763,7 +584,7 @@ function plannedBy(t: RunTransition, current: JobData, unit: JobSpec): boolean {
  * WAITING_APPROVAL showing the call) and nothing else. The decision makes the step READY again
  * with the same attempt, and its next execution is a unit of its own (`pause` in its job id).
  */
-async function pauseUnit(
+export async function pauseUnit(
   host: UnitHost,
   env: SnapshotEnvelope<RunSnapshot>,
   unit: Unit,
@@ -869,302 +690,4 @@ export async function nextUnit(
   return typeof admitted === 'string'
     ? admitted
     : { next, admitted: { ...admitted, noted: true }, ended };
-}
-
-/** The commit of a success: a cache hit's source first, and who produced the output. */
-function succeededEvents(
-  host: UnitHost,
-  stepId: string,
-  attempt: number,
-  result: Extract<StepResult, { kind: 'succeeded' }>,
-  state: StepState,
-): RunEvent[] {
-  const at = host.core.clock();
-  const hit = result.cacheHit;
-  const events: RunEvent[] = [];
-  if (hit !== undefined) {
-    events.push({
-      type: 'step.cacheHit',
-      stepId,
-      attempt,
-      sourceRunId: hit.runId,
-      storedAt: hit.storedAt,
-      cacheClass: hit.cacheClass,
-      ...(hit.provenance === null ? {} : { provenance: hit.provenance }),
-      at,
-    });
-  }
-  const phase = state.fallback ?? null;
-  const producedBy = phase === null ? undefined : phase.active ? 'fallback' : 'primary';
-  events.push({
-    type: 'step.succeeded',
-    stepId,
-    attempt,
-    output: result.output,
-    ...(producedBy === undefined ? {} : { producedBy }),
-    at,
-  });
-  return events;
-}
-
-/**
- * One step attempt, whole: admitted (unless the chain `held` it admitted already), its
- * dependencies' outputs read, executed guarded through the step cache, and its result committed
- * (a pause, a busy tool call or a budget stop end it before). Returns what it came to.
- */
-export async function runStepUnit(
-  host: UnitHost,
-  data: JobData,
-  chain: Chain,
-  jobSignal?: AbortSignal,
-  held?: Admitted,
-): Promise<UnitOutcome> {
-  const { core } = host;
-  const admitted = held ?? (await admitUnit(host, data, chain.self));
-  if (typeof admitted === 'string') return admitted;
-  const { env, state, meta, step } = admitted;
-  const { runId } = data;
-  const stepId = data.stepId!;
-  const attempt = data.attempt!;
-  const depOutputs = await outputsOf(core, runId, env, step.dependsOn);
-  const limit = await attemptLimit(host, runId, step, attempt);
-  const unit = startUnit(
-    host,
-    state,
-    runId,
-    stepId,
-    undefined,
-    admitted.noted,
-    agentUnit(host, meta, step, state),
-  );
-  const where = { step, state, runId, tenantId: meta.tenantId, runInput: meta.input, depOutputs };
-  const deps = executionDepsFor(host, meta);
-  const result = await guardUnit(host, { runId, stepId, attempt }, jobSignal, limit, (signal) =>
-    executeCached(
-      host.stepCache,
-      {
-        ...where,
-        options: meta.cache,
-        beforeHit: () => checkTaggedPolicies(deps, { ...where, signal }),
-      },
-      () =>
-        executeStep(
-          { ...deps, ...unit.observers },
-          { ...where, signal, ...replayOf(host, runId, meta, step) },
-        ),
-    ),
-  );
-  const early = await endsEarly(host, env, result, data);
-  if (early !== null) return early;
-  if (result.kind === 'paused') return pauseUnit(host, env, unit, data, result.call, chain);
-  const events: RunEvent[] =
-    result.kind === 'succeeded'
-      ? succeededEvents(host, stepId, attempt, result, state)
-      : [failed(host, stepId, attempt, result.error)];
-  debugPoint(DebugPoint.beforeCommit, stepId);
-  const { applied, next } = await commitUnit(host, { data, env, unit, events, chain });
-  notifyFailures(host, runId, events, applied);
-  debugPoint(DebugPoint.afterCommit, stepId);
-  if (next !== null) return nextUnit(host, next, applied, chain, result.kind);
-  await core.enqueuePlanned(runId, applied);
-  await afterCommit(host, runId, meta, applied.transition.status);
-  return result.kind;
-}
-
-/**
- * One turn of a granular agent step, whole: the turn guard against the turns the snapshot says
- * are committed, the turn itself (its journaled model call and ledger-guarded tool calls), then
- * one commit of the turn's messages and its `turn.committed` (with `step.succeeded` for a final
- * answer, or `step.failed` when the turn was the last one allowed), and the next unit.
- */
-export async function runTurnUnit(
-  host: UnitHost,
-  data: JobData,
-  chain: Chain,
-  jobSignal?: AbortSignal,
-  held?: Admitted,
-): Promise<UnitOutcome> {
-  if (held === undefined) return turnUnit(host, data, chain, jobSignal);
-  try {
-    return await turnUnit(host, data, chain, jobSignal, held);
-  } finally {
-    // A turn this job went on with may have had its reservation sent with the commit before it:
-    // released if the turn ended without its model call taking it.
-    await host.core.meter.release(data.runId, data.stepId!, data.turn!);
-  }
-}
-
-async function turnUnit(
-  host: UnitHost,
-  data: JobData,
-  chain: Chain,
-  jobSignal?: AbortSignal,
-  held?: Admitted,
-): Promise<UnitOutcome> {
-  const { core } = host;
-  // Asked for beside the guard's read (one round trip for both): a turn that runs needs it. A
-  // turn this job goes on with has nothing journaled: its turn was committed a moment ago, by
-  // this job, so no worker can have taken the next one (a racing worker's reply would still win
-  // when this one is recorded: the journal keeps the first).
-  const journaled =
-    held === undefined ? core.journal.get(data.runId, data.stepId!, data.turn!) : NOTHING;
-  journaled.catch(() => {});
-  const admitted = held ?? (await admitUnit(host, data, chain.self));
-  if (typeof admitted === 'string') return admitted;
-  const { env, state, meta } = admitted;
-  const step = admitted.step as AgentStep;
-  const { runId } = data;
-  const stepId = data.stepId!;
-  const attempt = data.attempt!;
-  const turn = data.turn!;
-  const stored = state.agent?.turns ?? 0;
-  if (stored !== turn) {
-    // stored > turn: the turn is committed (a worker died after its commit): nothing runs and
-    // nothing is reserved; the next unit is enqueued. stored < turn: a gap, which is never
-    // appended over; the work resumes from the committed turn.
-    if (stored < turn) {
-      core.log.warn(
-        { runId, stepId, attempt, turn, committedTurns: stored, error: 'resume_error' },
-        'turn job ahead of the committed turns: resuming from the committed turn',
-      );
-    }
-    await core.enqueueDue(runId, env, chain.self);
-    return stored > turn ? 'turn-committed' : 'turn-gap';
-  }
-  const limit = await attemptLimit(host, runId, step, attempt);
-  const depOutputs = await outputsOf(core, runId, env, step.dependsOn);
-  const unit = startUnit(
-    host,
-    state,
-    runId,
-    stepId,
-    turn,
-    admitted.noted,
-    agentUnit(host, meta, step, state, turn),
-  );
-  const outcome = await guardUnit(host, { runId, stepId, attempt }, jobSignal, limit, (signal) =>
-    executeTurn(
-      { ...executionDepsFor(host, meta), ...unit.observers },
-      {
-        step,
-        state,
-        runId,
-        tenantId: meta.tenantId,
-        runInput: meta.input,
-        depOutputs,
-        turn,
-        journaled,
-        signal,
-        receiptsWithCommit: true,
-        // Only a job that may go on with the next turn sends its reservation ahead.
-        aheadOfNext: mayGoOn(chain),
-        ...replayOf(host, runId, meta, step),
-      },
-    ),
-  );
-  // A reservation sent ahead for this turn and not taken by its model call (the turn failed
-  // before it, or took its reply from the journal) is released before anything is committed.
-  if (held !== undefined) await core.meter.release(runId, stepId, turn);
-  const early = await endsEarly(host, env, outcome, data);
-  if (early !== null || outcome.kind === 'budget') return early ?? 'budget';
-  // The turn commits nothing of itself: once the call is decided, it is taken again from its
-  // journaled reply (the calls before the held one return their receipts).
-  if (outcome.kind === 'paused') return pauseUnit(host, env, unit, data, outcome.call, chain);
-  if (outcome.kind === 'failed') {
-    // A failed turn commits nothing of itself: the step fails (or is retried) where it stood.
-    const failure = failed(host, stepId, attempt, outcome.error);
-    const applied = await core.host.apply(
-      runId,
-      [...unit.started, failure],
-      env,
-      await recording(unit),
-    );
-    notifyFailures(host, runId, [failure], applied, turn);
-    await core.enqueueDue(runId, applied.envelope, chain.self);
-    await afterCommit(host, runId, meta, applied.transition.status);
-    return 'failed';
-  }
-  const { messages, fingerprint, final, receipts, ahead } = outcome.turn;
-  const cursor = state.agent?.cursor ?? 0;
-  const at = core.clock();
-  const events: RunEvent[] = [
-    {
-      type: 'turn.committed',
-      stepId,
-      attempt,
-      turn,
-      cursor: cursor + messages.length,
-      fingerprint,
-      at,
-    },
-  ];
-  if (final !== null) {
-    events.push({
-      type: 'step.succeeded',
-      stepId,
-      attempt,
-      output: final as unknown as JsonValue,
-      at,
-    });
-  } else if (turn + 1 >= step.maxTurns) {
-    // The last allowed turn is committed; the loop may not go on.
-    const error = new MaxTurnsExceededError(stepId, step.maxTurns).toJSON();
-    events.push(failed(host, stepId, attempt, error));
-  }
-  // The next turn's reservation, sent beside this commit when this job takes the next turn: right
-  // after it in the same write (the commit is sent once its options are taken), so the commit's
-  // own answer does not wait on the reservation.
-  const onNext =
-    ahead === undefined || final !== null
-      ? undefined
-      : (next: JobSpec) => {
-          if (next.data.stepId === stepId && next.data.turn === turn + 1) {
-            queueMicrotask(() => ahead.reserve());
-          }
-        };
-  // Whatever this unit does not hand on to the next turn, its reservation is released.
-  let handedOn = false;
-  try {
-    const { applied, next } = await commitUnit(host, {
-      data,
-      env,
-      unit,
-      events,
-      chain,
-      base: {
-        appends: [core.history.appendOp(runId, stepId, cursor, messages)],
-        // The last read-only call's receipt, written with the turn: one write fewer per turn.
-        ...(receipts.length === 0 ? {} : { ledgerRecords: receipts }),
-      },
-      ...(onNext === undefined ? {} : { onNext }),
-    });
-    if (applied.committed) host.histories.committed(runId, stepId, cursor, messages);
-    notifyFailures(host, runId, events, applied, turn);
-    debugPoint(DebugPoint.afterCommit, `${stepId}:${turn}`);
-    const ended = final !== null ? 'succeeded' : 'turn';
-    if (next !== null) {
-      const going = await nextUnit(host, next, applied, chain, ended);
-      handedOn = typeof going !== 'string';
-      return going;
-    }
-    await core.enqueueDue(runId, applied.envelope, chain.self);
-    await afterCommit(host, runId, meta, applied.transition.status);
-    return ended;
-  } finally {
-    if (!handedOn && onNext !== undefined) await core.meter.release(runId, stepId, turn + 1);
-  }
-}
-
-/** Runs the unit a job (or a chain) names: a turn of a granular step, or a step attempt. */
-export function runUnit(
-  host: UnitHost,
-  name: string,
-  data: JobData,
-  chain: Chain,
-  jobSignal?: AbortSignal,
-  held?: Admitted,
-): Promise<UnitOutcome> {
-  return name === JobName.turn
-    ? runTurnUnit(host, data, chain, jobSignal, held)
-    : runStepUnit(host, data, chain, jobSignal, held);
 }

@@ -14,7 +14,6 @@ import { assertPlainJson, findNonJson, type JsonValue } from '../internal/json.j
 import type { StepState } from '../machines/kernel.js';
 import type { CacheSource } from '../machines/types.js';
 import { agentStepSchema, type AgentStep, type PlanStep } from '../plan/schema.js';
-import type { ChatMessage, ModelReply } from '../llm/messages.js';
 import type { FingerprintStore } from '../persistence/fingerprint-store.js';
 import type { JournaledCall, ModelJournal } from '../persistence/model-journal.js';
 import type { Ledger } from '../persistence/ledger.js';
@@ -22,7 +21,6 @@ import {
   callTool,
   type CallToolContext,
   type ReplayedCalls,
-  type StoreResult,
   type ToolCallObservation,
 } from '../tools/call-tool.js';
 import { classifyFailure } from '../tools/classify-failure.js';
@@ -30,15 +28,16 @@ import type { ToolRegistry } from '../tools/registry.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
 import type { ModelClient } from '../llm/openai-client.js';
 import { actionCallId, actionKeyOf, actionLedgerScope, keyInputValue } from './action-keys.js';
-import {
-  claimFingerprint,
-  runAtomicAgent,
-  stepFingerprint,
-  takeTurn,
-  type AgentLoopDeps,
-  type AttemptCallJournal,
-  type TurnResult,
-} from './run-agent.js';
+import { claimFingerprint, stepFingerprint } from './agent-fingerprint.js';
+import { runAtomicAgent } from './atomic-agent.js';
+import type { AgentLoopDeps, AttemptCallJournal, ReplyStream } from './model-call.js';
+import type {
+  CallRecorder,
+  HistoryReader,
+  LiveFeed,
+  ResultStore,
+  ToolCallCounter,
+} from './ports.js';
 import {
   enforcePolicy,
   enforceTaggedPolicies,
@@ -46,7 +45,7 @@ import {
   type RegisteredPolicy,
 } from './policies.js';
 import type { ModelContext } from './model-context.js';
-import type { ModelCallObservation, RunUsageBudget, UsageMeter } from './usage-meter.js';
+import type { RunUsageBudget, UsageMeter } from './usage-meter.js';
 import { callGate, type CallGate, type CallToApprove } from './call-approval.js';
 import type { ReplayedEffect, ReplayedStep } from './replay-calls.js';
 import { traceAttempt } from '../observability/spans.js';
@@ -107,11 +106,8 @@ export interface StepExecutionDeps {
   clientFor: (agent: AgentDefinition) => ModelClient;
   tools: ToolRegistry;
   ledger: Ledger;
-  /**
-   * Counts a tool call that will really run, for the run and for its step; returns both counts
-   * including this call.
-   */
-  countToolCall(runId: string, stepId: string): Promise<{ run: number; step: number }>;
+  /** Counts the tool calls that will really run, against the run's and the step's budgets. */
+  counter: ToolCallCounter;
   /** The run's trace context (a `traceparent`): the parent of the execution's span. */
   trace?: string | null;
   /** The run's `budgets.maxToolCalls`. */
@@ -119,26 +115,22 @@ export interface StepExecutionDeps {
   leaseMs: number;
   journal: ModelJournal;
   fingerprints: FingerprintStore;
-  /** A granular step's committed history, messages `[0, cursor)`. */
-  readHistory: (runId: string, stepId: string, cursor: number) => Promise<ChatMessage[]>;
-  /** Receives streamed reply text of an agent step (not persisted). */
-  onChunk?: (chunk: StreamedText) => void;
+  /** Granular steps' committed histories. */
+  histories: HistoryReader;
+  /** Fed an agent step's streamed reply text and an operator's progress (not persisted). */
+  live?: LiveFeed;
   /** Reserves and reconciles the usage of every model call. */
   meter?: UsageMeter;
   /** Shapes what the model is sent: truncation, blobs put back. */
   context?: ModelContext;
   /** Stores a large tool result of a granular step as a blob; returns what the history keeps. */
-  storeResult?: StoreResult;
+  results?: ResultStore;
   /** The run's usage budget. */
   budget?: RunUsageBudget;
   /** The runtime's `policyVersion`, part of an agent step's fingerprint. */
   policyVersion?: string | undefined;
-  /** Told how each tool call of the execution went (`turn` in an agent step). */
-  onToolCall?: (call: ToolCallObservation & { turn?: number }) => void;
-  /** Told how each model call of the execution went. */
-  onModelCall?: (call: ModelCallObservation) => void;
-  /** Receives what an operator reports with `ctx.progress` (checked JSON). */
-  onProgress?: (where: { runId: string; stepId: string; attempt: number }, info: JsonValue) => void;
+  /** Records each tool and model call of the execution (the unit's). */
+  recorder?: CallRecorder;
 }
 
 /** The most bytes of JSON one `ctx.progress` call may report. */
@@ -160,7 +152,7 @@ function checkProgress(info: unknown): JsonValue {
 }
 
 /** What every agent loop gets from the step's deps. */
-function loopDeps(
+export function loopDeps(
   deps: StepExecutionDeps,
   where: { runId: string; step: PlanStep; attempt: number },
   gate: CallGate,
@@ -175,42 +167,31 @@ function loopDeps(
     ...(countsToolCalls(deps, where.step)
       ? { beforeRun: () => countToolCall(deps, where.runId, where.step) }
       : {}),
-    ...chunkSink(deps, { runId: where.runId, stepId: where.step.id, attempt: where.attempt }),
+    ...replyStream(deps, { runId: where.runId, stepId: where.step.id, attempt: where.attempt }),
     ...(deps.meter === undefined ? {} : { meter: deps.meter }),
     ...(deps.context === undefined ? {} : { context: deps.context }),
-    ...(deps.onToolCall === undefined ? {} : { onToolCall: deps.onToolCall }),
-    ...(deps.onModelCall === undefined ? {} : { onModelCall: deps.onModelCall }),
+    ...(deps.recorder === undefined ? {} : { recorder: deps.recorder }),
   };
 }
 
-/** A piece of an agent's reply as it streams in. */
-export interface StreamedText {
-  runId: string;
-  stepId: string;
-  attempt: number;
-  /** The turn (0-based) whose reply this is. */
-  turn: number;
-  /** Position of the piece within the turn's reply, from 0. */
-  seq: number;
-  text: string;
-}
-
-/** Numbers the pieces of each turn's reply and hands them to `deps.onChunk`. */
-function chunkSink(
+/** Numbers the pieces of each turn's reply and feeds them to `deps.live`. */
+function replyStream(
   deps: StepExecutionDeps,
   where: { runId: string; stepId: string; attempt: number },
-): { onChunk?: (delta: string, turn: number) => void } {
-  const sink = deps.onChunk;
-  if (sink === undefined) return {};
+): { stream?: ReplyStream } {
+  const live = deps.live;
+  if (live === undefined) return {};
   let turnOf = -1;
   let seq = 0;
   return {
-    onChunk: (text, turn) => {
-      if (turn !== turnOf) {
-        turnOf = turn;
-        seq = 0;
-      }
-      sink({ ...where, turn, seq: seq++, text });
+    stream: {
+      text(text, turn) {
+        if (turn !== turnOf) {
+          turnOf = turn;
+          seq = 0;
+        }
+        live.chunk({ ...where, turn, seq: seq++, text });
+      },
     },
   };
 }
@@ -221,13 +202,6 @@ function chunkSink(
  */
 export type StepResult =
   | { kind: 'succeeded'; output: JsonValue; cacheHit?: CacheSource }
-  | { kind: 'failed'; error: SerializedError }
-  | { kind: 'budget'; error: BudgetExceededError }
-  | { kind: 'paused'; call: CallToApprove };
-
-/** What one granular turn came to: the turn to commit, a failure, a budget stop, or a pause. */
-export type TurnOutcome =
-  | { kind: 'turn'; turn: TurnResult }
   | { kind: 'failed'; error: SerializedError }
   | { kind: 'budget'; error: BudgetExceededError }
   | { kind: 'paused'; call: CallToApprove };
@@ -248,7 +222,7 @@ export function agentInput(
 }
 
 /** The registered agent an agent step names; `ConfigurationError` naming the fix when there is none. */
-function resolveAgent(deps: StepExecutionDeps, step: AgentStep): AgentDefinition {
+export function resolveAgent(deps: StepExecutionDeps, step: AgentStep): AgentDefinition {
   const agent = deps.agents.get(step.agent);
   if (agent === undefined) {
     const known = [...deps.agents.keys()].join(', ') || '(none)';
@@ -286,7 +260,10 @@ function attemptJournal(
  * point). A step's own budget is a final failure of the step, not a stop of the run. An execution
  * that stopped at a call waiting for approval pauses, whatever it threw after that.
  */
-function failureOf(thrown: unknown, gate: CallGate): Exclude<StepResult, { kind: 'succeeded' }> {
+export function failureOf(
+  thrown: unknown,
+  gate: CallGate,
+): Exclude<StepResult, { kind: 'succeeded' }> {
   if (gate.pending !== null) return { kind: 'paused', call: gate.pending };
   if (thrown instanceof BudgetExceededError && thrown.stepId === undefined) {
     return { kind: 'budget', error: thrown };
@@ -297,88 +274,6 @@ function failureOf(thrown: unknown, gate: CallGate): Exclude<StepResult, { kind:
   // (a 401 names the API key it refused): its own message says what happened, without it.
   const origin = describeThrown(thrown, { causes: !(thrown instanceof ModelError) });
   return { kind: 'failed', error: origin === undefined ? error : { ...error, thrown: origin } };
-}
-
-/**
- * Takes turn `turn` of a granular agent step (see `takeTurn`), with the same choke point as a
- * step: whatever it throws becomes a failure with its retryability, a budget hit is returned apart.
- */
-export function executeTurn(
-  deps: StepExecutionDeps,
-  args: Parameters<typeof takeOneTurn>[1],
-): Promise<TurnOutcome> {
-  const { runId, step, state, turn } = args;
-  const ids = { runId, stepId: step.id, attempt: state.attempt, turn };
-  return traceAttempt(deps.trace ?? null, ids, step.kind, () => takeOneTurn(deps, args));
-}
-
-async function takeOneTurn(
-  deps: StepExecutionDeps,
-  args: {
-    step: AgentStep;
-    state: StepState;
-    runId: string;
-    tenantId: string;
-    runInput: JsonValue;
-    /** Outputs of the steps this one depends on, by step id. */
-    depOutputs: Record<string, JsonValue>;
-    turn: number;
-    signal: AbortSignal;
-    journaled?: Promise<ModelReply | null>;
-    /** In a run that replays another: the original's receipts. */
-    replay?: ReplayedCalls;
-    /** Leave the last read-only receipt for the turn's commit (see `TurnArgs`). */
-    receiptsWithCommit?: boolean;
-    /** Prepare the next turn's reservation (see `TurnArgs`). */
-    aheadOfNext?: boolean;
-  },
-): Promise<TurnOutcome> {
-  const { step, state, runId, tenantId, signal } = args;
-  const gate = callGate(state);
-  try {
-    const agent = resolveAgent(deps, step);
-    // The worker builds the agents' tokenizers when it starts: the turn counts with them.
-    await tokenizerReady(agent.model);
-    // Before every turn: a turn is the unit a granular step runs at a time.
-    await enforceTaggedPolicies(deps.policies, step, {
-      input: step.input === undefined ? args.runInput : step.input,
-      runInput: args.runInput,
-      deps: args.depOutputs,
-      runId,
-      tenantId,
-      signal,
-    });
-    const turn = await takeTurn(
-      {
-        ...loopDeps(deps, { runId, step, attempt: state.attempt }, gate, args.replay),
-        journal: deps.journal,
-        fingerprints: deps.fingerprints,
-        readHistory: deps.readHistory,
-        policyVersion: deps.policyVersion,
-        ...(deps.storeResult === undefined ? {} : { storeResult: deps.storeResult }),
-      },
-      {
-        agent,
-        step,
-        input: agentInput(step, args.runInput, args.depOutputs),
-        runId,
-        tenantId,
-        attempt: state.attempt,
-        pause: state.pauses ?? 0,
-        signal,
-        turn: args.turn,
-        cursor: state.agent?.cursor ?? 0,
-        fingerprint: state.agent?.fingerprint ?? null,
-        ...(deps.budget === undefined ? {} : { budget: deps.budget }),
-        ...(args.journaled === undefined ? {} : { journaled: args.journaled }),
-        ...(args.receiptsWithCommit === true ? { receiptsWithCommit: true } : {}),
-        ...(args.aheadOfNext === true ? { aheadOfNext: true } : {}),
-      },
-    );
-    return { kind: 'turn', turn };
-  } catch (thrown) {
-    return failureOf(thrown, gate);
-  }
 }
 
 /**
@@ -640,7 +535,7 @@ async function executeOnce(
           ...(primaryError === null ? {} : { fallbackOf: { error: primaryError } }),
           progress: (info) => {
             const checked = checkProgress(info);
-            deps.onProgress?.({ runId, stepId: step.id, attempt: state.attempt }, checked);
+            deps.live?.progress({ runId, stepId: step.id, attempt: state.attempt }, checked);
           },
           tools: stepTools(
             deps,
@@ -676,8 +571,9 @@ function observeReuse(
   step: PlanStep & { kind: 'operator' },
   effect: Extract<ReplayedEffect, { kind: 'reuse' }>,
 ): void {
-  const observe = deps.onToolCall;
-  if (observe === undefined) return;
+  const recorder = deps.recorder;
+  if (recorder === undefined) return;
+  const observe = (call: ToolCallObservation) => recorder.toolCalled(call);
   for (const r of effect.receipts) {
     const tool = deps.tools.list().find((t) => t.identity === r.tool);
     observe({
@@ -762,7 +658,7 @@ function stepTools(
         ctx: action?.ctx ?? ctx,
         ...(action === undefined ? {} : { callId: action.callId }),
         leaseMs: deps.leaseMs,
-        ...(deps.onToolCall === undefined ? {} : { observe: deps.onToolCall }),
+        ...(deps.recorder === undefined ? {} : { observe: recorderOf(deps.recorder) }),
         // A risky tool's call runs only once a person approved it (else the step pauses here).
         approve: (call) => gate.check(call),
         // Only calls that will really run count; a replayed receipt is free.
@@ -790,7 +686,7 @@ async function countToolCall(
   runId: string,
   step: PlanStep,
 ): Promise<void> {
-  const used = await deps.countToolCall(runId, step.id);
+  const used = await deps.counter.countToolCall(runId, step.id);
   if (deps.maxToolCalls !== undefined && used.run > deps.maxToolCalls) {
     throw new BudgetExceededError('maxToolCalls', deps.maxToolCalls, used.run);
   }
@@ -798,4 +694,9 @@ async function countToolCall(
   if (stepMax !== undefined && used.step > stepMax) {
     throw new BudgetExceededError('maxToolCalls', stepMax, used.step, { stepId: step.id });
   }
+}
+
+/** A tool call's observer that records the call. */
+function recorderOf(recorder: CallRecorder): (call: ToolCallObservation) => void {
+  return (call) => recorder.toolCalled(call);
 }

@@ -1,5 +1,5 @@
 import type { ChatMessage } from '../llm/messages.js';
-import type { RuntimeCore } from './core.js';
+import type { HistoryStore } from '../persistence/history.js';
 
 /**
  * The committed histories of granular agent steps a worker is driving, so a turn reads only the
@@ -7,12 +7,12 @@ import type { RuntimeCore } from './core.js';
  * stays true; entries are dropped least recently used first.
  */
 export class HistoryCache {
-  readonly #core: RuntimeCore;
+  readonly #history: Pick<HistoryStore, 'read'>;
   readonly #max: number;
   readonly #entries = new Map<string, ChatMessage[]>();
 
-  constructor(core: RuntimeCore, max: number) {
-    this.#core = core;
+  constructor(history: Pick<HistoryStore, 'read'>, max: number) {
+    this.#history = history;
     this.#max = max;
   }
 
@@ -23,7 +23,7 @@ export class HistoryCache {
     this.#entries.delete(key);
     if (cached === undefined || cached.length > cursor) cached = [];
     if (cached.length < cursor) {
-      const more = await this.#core.history.read(runId, stepId, {
+      const more = await this.#history.read(runId, stepId, {
         from: cached.length,
         to: cursor,
       });

@@ -11,16 +11,23 @@ import type { StepState } from '../machines/kernel.js';
 import type { CacheSource } from '../machines/types.js';
 import type { PlanStep } from '../plan/schema.js';
 import type { CacheEntry, CacheStore } from '../persistence/cache-store.js';
+import type { Logger } from '../logging.js';
 import type { StepResult } from './execute-step.js';
 
 /** What the cache of step outputs needs. */
 export interface StepCacheDeps {
   cache: CacheStore;
   clock: () => number;
+  /** The code identities of the registered operators and agents (the runtime's registry). */
+  identities: StepIdentities;
+  /** Warned when a cache read or write failed; the step then runs (or keeps its output) uncached. */
+  log?: Pick<Logger, 'warn'>;
+}
+
+/** Says what code a step runs, for its cache key. */
+export interface StepIdentities {
   /** The code identity of the step's primary: kind, name, registered version (and an agent's settings). */
-  identityOf: (step: PlanStep) => JsonValue;
-  /** Told when a cache read or write failed; the step then runs (or keeps its output) uncached. */
-  onError?: (error: unknown, stepId: string) => void;
+  identityOf(step: PlanStep): JsonValue;
 }
 
 /** What the run's start said about cached outputs. */
@@ -66,7 +73,7 @@ export async function executeCached(
   const { step, state, runId, tenantId, options } = args;
   const policy = step.cachePolicy;
   if (policy.class === 'none' || state.fallback?.active === true) return execute();
-  const identity = deps.identityOf(step);
+  const identity = deps.identities.identityOf(step);
   const input = step.input === undefined ? args.runInput : step.input;
   const key = stepCacheKey(identity, input, args.depOutputs);
   const now = deps.clock();
@@ -132,7 +139,10 @@ export async function executeCached(
     try {
       return await op();
     } catch (error) {
-      deps.onError?.(error, step.id);
+      deps.log?.warn(
+        { stepId: step.id, error: error instanceof Error ? error.message : String(error) },
+        'the step cache failed; the step runs uncached',
+      );
       return fallback;
     }
   }

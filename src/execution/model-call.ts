@@ -1,0 +1,206 @@
+/**
+ * Asking the model, as every agent loop does (an atomic attempt's, a granular turn's): what an
+ * agent loop needs from the worker, the conversation shaped as the model is sent it, the call
+ * metered (reserved against the budgets, then reconciled), the digest of a request, and where a
+ * reply's tool calls run.
+ */
+import type { JsonValue } from '../internal/json.js';
+import type { AgentDefinition } from '../agents/define-agent.js';
+import { createModelClient, type ModelClient } from '../llm/openai-client.js';
+import { type ChatMessage, type ModelReply, type ModelUsage } from '../llm/messages.js';
+import type { AgentStep } from '../plan/schema.js';
+import type { JournaledCall, RecordedReply } from '../persistence/model-journal.js';
+import { canonicalHash } from '../internal/canonical-hash.js';
+import { type ToolRunContext, type ToolRunDeps } from './agent-tools.js';
+import { traceModelCall } from '../observability/spans.js';
+import type { ModelContext } from './model-context.js';
+import type { RunUsageBudget, UsageMeter } from './usage-meter.js';
+
+/** What an agent step returns: the final answer and what it took. */
+export interface AgentResult {
+  answer: string | null;
+  turns: number;
+  toolCalls: number;
+  usage: { promptTokens: number; completionTokens: number };
+}
+
+/** Fed an agent's reply text as it streams in. */
+export interface ReplyStream {
+  /** A piece `delta` of the reply of turn `turn`. */
+  text(delta: string, turn: number): void;
+}
+
+/** What an agent loop needs from the worker. */
+export interface AgentLoopDeps extends ToolRunDeps {
+  /** One client per agent, reused across steps (the openai client keeps its connections). */
+  clientFor: (agent: AgentDefinition) => ModelClient;
+  /** Fed reply text as it streams in (agents that stream). @defaultValue nobody */
+  stream?: ReplyStream;
+  /** Reserves and reconciles the usage of each model call. @defaultValue calls are not metered */
+  meter?: UsageMeter;
+  /** Shapes what the model is sent (truncation, blobs). @defaultValue the conversation as is */
+  context?: ModelContext;
+  /**
+   * The model calls of an atomic step's attempt as the journal holds them (see
+   * {@link AttemptCallJournal}). @defaultValue nothing is journaled, every reply is asked for
+   */
+  callJournal?: AttemptCallJournal;
+}
+
+/**
+ * The journal of one atomic attempt's model calls: each reply is recorded, with the digest of the
+ * request it answered, before any tool call of its turn runs; an execution of the same attempt
+ * that runs again (after a crash, or after a pause for a tool call's approval) takes a recorded
+ * reply instead of asking the model, when its request is the one recorded.
+ */
+export interface AttemptCallJournal {
+  /** What the journal holds for call `call` of the attempt (0-based), or null. */
+  get(call: number): Promise<JournaledCall | null>;
+  /** Records the reply of call `call`, answering the request `request` (see `recordCall`). */
+  record(call: number, request: string, reply: ModelReply): Promise<RecordedReply>;
+  /** Told each call whose reply was taken from the journal (the request was not sent again). */
+  onReused?: (call: number, reply: ModelReply) => void;
+}
+
+/**
+ * The digest of a model request: what the client sends for it, but the API key (the agent's
+ * model, provider, system prompt, settings and tools, and the messages after the system prompt as
+ * sent, after truncation). Two requests with the same digest are the same request.
+ */
+export function requestDigest(agent: AgentDefinition, messages: readonly ChatMessage[]): string {
+  return canonicalHash(
+    {
+      model: agent.model,
+      baseURL: agent.provider.baseURL,
+      systemPrompt: agent.systemPrompt,
+      settings: agent.settings,
+      tools: agent.tools.map((t) => ({ name: t.name, identity: t.identity })),
+      messages,
+    },
+    'model request',
+  );
+}
+
+/** The conversation as the model is sent it: shaped (truncation, blobs) when the deps say so. */
+export function shaped(
+  deps: AgentLoopDeps,
+  args: AgentStepArgs,
+  conversation: readonly ChatMessage[],
+): Promise<readonly ChatMessage[]> | readonly ChatMessage[] {
+  const { agent, step, runId } = args;
+  return deps.context === undefined
+    ? conversation
+    : deps.context.prepare({ agent, step, runId, messages: conversation });
+}
+
+/** Asks the model for the reply of `turn` to `messages` (as shaped), metered when the deps say so. */
+export async function askModel(
+  deps: AgentLoopDeps,
+  args: AgentStepArgs,
+  turn: number,
+  messages: readonly ChatMessage[],
+  alongside?: (reply: ModelReply) => void,
+): Promise<ModelReply> {
+  const { agent, step, runId, tenantId, signal } = args;
+  const stream = deps.stream;
+  const complete = (onSend?: () => Promise<void>) =>
+    traceModelCall({ model: agent.model, agent: agent.name }, () =>
+      deps.clientFor(agent).complete({
+        messages,
+        signal,
+        ...(stream === undefined ? {} : { onChunk: (d: string) => stream.text(d, turn) }),
+        ...(onSend === undefined ? {} : { onSend }),
+      }),
+    );
+  if (deps.meter === undefined) return complete();
+  const recorder = deps.recorder;
+  return deps.meter.call(
+    {
+      agent,
+      tenantId,
+      runId,
+      stepId: step.id,
+      turn,
+      attempt: args.attempt,
+      ...(args.pause === undefined ? {} : { pause: args.pause }),
+      messages,
+      budget: args.budget,
+      stepBudget: step.budgets,
+      ...(recorder === undefined ? {} : { observe: (c) => recorder.modelCalled(c) }),
+      ...(alongside === undefined ? {} : { alongside }),
+    },
+    complete,
+  );
+}
+
+/** Caches one model client per agent definition. */
+export function modelClients(): (agent: AgentDefinition) => ModelClient {
+  const clients = new WeakMap<AgentDefinition, ModelClient>();
+  return (agent) => {
+    let client = clients.get(agent);
+    if (client === undefined) {
+      client = createModelClient(agent);
+      clients.set(agent, client);
+    }
+    return client;
+  };
+}
+
+/** The step's input as the conversation's first user message. */
+export function userMessage(input: JsonValue): ChatMessage {
+  return { role: 'user', content: typeof input === 'string' ? input : JSON.stringify(input) };
+}
+
+/** Where an agent step runs. */
+export interface AgentStepArgs {
+  agent: AgentDefinition;
+  step: AgentStep;
+  input: JsonValue;
+  runId: string;
+  tenantId: string;
+  attempt: number;
+  /** How many times the attempt paused for an approval before this execution. @defaultValue 0 */
+  pause?: number;
+  signal: AbortSignal;
+  /** The run's usage budget (`maxTokens`, `maxCostUsd`). */
+  budget?: RunUsageBudget;
+  /** A user message sent after the input (a fallback agent is told the primary's error). */
+  feedback?: string;
+}
+
+/** Where the tool calls of turn `turn` of the step run. */
+export function toolContext(
+  args: AgentStepArgs,
+  turn: number,
+  mode: 'atomic' | 'granular',
+): ToolRunContext {
+  const { agent, runId, step, tenantId, attempt, signal } = args;
+  const enforceIdempotency = step.enforceIdempotency;
+  return {
+    agent,
+    runId,
+    stepId: step.id,
+    tenantId,
+    attempt,
+    turn,
+    enforceIdempotency,
+    mode,
+    effects: step.effects,
+    signal,
+    blobThresholdBytes: step.blobThresholdBytes,
+  };
+}
+
+/** The usage of a step's replies, added up. */
+export function totalUsage(replies: readonly (ModelReply | null)[]): AgentResult['usage'] {
+  const usage = { promptTokens: 0, completionTokens: 0 };
+  for (const reply of replies) add(usage, reply?.usage ?? null);
+  return usage;
+}
+
+/** Adds the usage `u` of one reply to `total`. */
+export function add(total: AgentResult['usage'], u: ModelUsage | null): void {
+  if (u === null) return;
+  total.promptTokens += u.promptTokens;
+  total.completionTokens += u.completionTokens;
+}

@@ -1,0 +1,57 @@
+/**
+ * What an execution needs from the unit of work that runs it, as small interfaces the unit
+ * implements and hands down: the execution calls their methods, and holds no callback of a layer
+ * above it. Each names one need: counting tool calls against the budgets, reading a granular
+ * step's committed history, storing a large tool result, feeding watchers (streamed reply text,
+ * an operator's progress), and recording the calls the unit's commit carries.
+ */
+import type { JsonValue } from '../internal/json.js';
+import type { ChatMessage } from '../llm/messages.js';
+import type { ToolCallObservation } from '../tools/call-tool.js';
+import type { ModelCallObservation } from './usage-meter.js';
+
+/** Counts the tool calls that will really run (the run's counters). */
+export interface ToolCallCounter {
+  /** Counts one call for the run and for its step; returns both counts including this call. */
+  countToolCall(runId: string, stepId: string): Promise<{ run: number; step: number }>;
+}
+
+/** Reads a granular step's committed history. */
+export interface HistoryReader {
+  /** Messages `[0, cursor)` of the step's history. */
+  read(runId: string, stepId: string, cursor: number): Promise<ChatMessage[]>;
+}
+
+/** Stores a large tool result of a granular step as a blob of the run. */
+export interface ResultStore {
+  /** Returns what the history keeps: the content, or a reference to it over `thresholdBytes`. */
+  offload(runId: string, content: string, thresholdBytes: number): Promise<string>;
+}
+
+/** A piece of an agent's reply as it streams in. */
+export interface StreamedText {
+  runId: string;
+  stepId: string;
+  attempt: number;
+  /** The turn (0-based) whose reply this is. */
+  turn: number;
+  /** Position of the piece within the turn's reply, from 0. */
+  seq: number;
+  text: string;
+}
+
+/** What people watching a run are fed live; none of it is part of the run's history. */
+export interface LiveFeed {
+  /** A piece of an agent step's reply, as it streams in. */
+  chunk(chunk: StreamedText): void;
+  /** What an operator reports with `ctx.progress` (checked JSON). */
+  progress(where: { runId: string; stepId: string; attempt: number }, info: JsonValue): void;
+}
+
+/** Records the calls an execution made, for its unit's commit. */
+export interface CallRecorder {
+  /** How a tool call went (`turn` in an agent step). */
+  toolCalled(call: ToolCallObservation & { turn?: number }): void;
+  /** How a metered model call went. */
+  modelCalled(call: ModelCallObservation): void;
+}
