@@ -126,7 +126,7 @@ describe('flujo dev', () => {
       const ended = await dev.done;
       expect(ended.code, ended.err).toBe(0);
       expect(ended.out).toContain('flujo dev: stopping');
-      expect(ended.out).toContain('[worker 3] flujo worker: stopping (running units finish first)');
+      expect(ended.out).toContain('[worker 3] flujo worker: stopping (running units finish first;');
       for (const pid of workerPids) expect(alive(pid), `worker pid ${pid}`).toBe(false);
 
       // The embedded Redis it started stays for the next command, as after `flujo run`.
