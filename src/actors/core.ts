@@ -155,8 +155,10 @@ function checkOptions(options: CoreOptions) {
  * (every Redis store), `queues` (the BullMQ queue, the jobs it is given, the live channels, the
  * stream watcher), `registry` (operators, agents, policies, tools, model clients, token
  * counters), `meta` (what each run was started with), plus the run host and the settings every
- * part shares. It makes every Redis connection it uses. Not exported from the package (not tagged
- * internal: the declarations of the worker's modules refer to it).
+ * part shares. Its connections are made here: the client, the queue's duplicate, and the
+ * subscriber the queues open on their first subscription (the stream watcher duplicates the client
+ * for its blocking reads). Not exported from the package (not tagged internal: the declarations of
+ * the worker's modules refer to it).
  */
 export class RuntimeCore {
   /** The runtime's Redis client: the one given, or one opened from the URL given. */
