@@ -28,7 +28,8 @@ const nodeIo = ['node:*', 'fs', 'net', 'http', 'https', 'child_process', 'crypto
  *   the model context, the usage meter, the history cache. It knows no unit, job or run host.
  * - actors: the actors: one file per kind of unit (a step attempt, an agent turn) holding its
  *   whole life from admission to commit, the phases they share, the run host, the runtime core
- *   (the composition root) and the job specs.
+ *   (the composition root, `core.ts`) and its parts by role (`runtime-stores.ts`,
+ *   `runtime-queues.ts`, `runtime-registry.ts`, `runtime-meta.ts`), and the job specs.
  * - worker: the BullMQ shell over the units and its status registry, the start path
  *   (`runtime.start` and the `start` job), event streams, the run list, replay.
  * - operations: the runtime's operations by concern (starting runs, decisions, reading runs,

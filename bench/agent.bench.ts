@@ -176,7 +176,7 @@ async function agentRuns(
   const prefix = `b${randomUUID().slice(0, 6)}`;
   const runtime = createRuntime({ redis: url, prefix, logger: silentLogger }).agent(agent);
   if (quota) await runtime.setTenantQuota('default', { maxTokens: 1_000_000_000_000 });
-  const { keys } = runtimeCore(runtime);
+  const { keys } = runtimeCore(runtime).stores;
   // Polled on a connection of its own, so the counts below hold only the runtime's commands.
   const poll = new Redis(url);
   const idle = async () => {
@@ -212,7 +212,7 @@ async function agentRuns(
   measured = undefined;
   let ms = 0;
   for (const runId of runIds) {
-    const events = await runtimeCore(runtime).store.readEvents(runId);
+    const events = await runtimeCore(runtime).stores.store.readEvents(runId);
     const created = events.find((e) => e.type === 'run.created');
     const finished = events.find((e) => e.type === 'run.finished');
     const produced = (
@@ -304,7 +304,8 @@ interface TurnPayload {
 async function turnPayload(url: string, prefix: string, runId: string): Promise<TurnPayload> {
   const runtime = createRuntime({ redis: url, prefix, logger: silentLogger });
   try {
-    const { store, redis, keys, history } = runtimeCore(runtime);
+    const { redis } = runtimeCore(runtime);
+    const { store, keys, history } = runtimeCore(runtime).stores;
     const events = await store.readEvents(runId);
     const turn = events.find((e) => e.type === 'turn.committed' && e.data['turn'] === TURNS / 2);
     if (turn === undefined) throw new Error(`run ${runId} has no turn ${TURNS / 2}`);

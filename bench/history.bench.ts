@@ -121,7 +121,8 @@ async function oneRun(
 ): Promise<RunFigures> {
   const prefix = `h${randomUUID().slice(0, 6)}`;
   const runtime = createRuntime({ redis: url, prefix, logger: silentLogger }).agent(agent);
-  const { redis, keys, store } = runtimeCore(runtime);
+  const { redis } = runtimeCore(runtime);
+  const { keys, store } = runtimeCore(runtime).stores;
 
   // Time every commit; the turn it commits is read from its turn.committed fact.
   const commitMs: number[] = [];

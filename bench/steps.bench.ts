@@ -131,7 +131,8 @@ async function flujoRuns(
 ): Promise<number> {
   const runtime = createRuntime({ redis: url, prefix: `b${randomUUID().slice(0, 6)}` });
   runtime.operator('noop', () => null);
-  const { redis, keys } = runtimeCore(runtime);
+  const { redis } = runtimeCore(runtime);
+  const { keys } = runtimeCore(runtime).stores;
   const idle = async () => {
     while ((await redis.scard(keys.activeRuns())) > 0) await new Promise((r) => setTimeout(r, 2));
   };
@@ -150,7 +151,7 @@ async function flujoRuns(
       await idle();
     }
   } else {
-    await runtimeCore(runtime).queue.pause();
+    await runtimeCore(runtime).queues.queue.pause();
     for (let i = 0; i < runs; i++) ids.push((await runtime.start(plan, null)).runId);
     worker = runtime.createWorker({
       concurrency,
@@ -159,13 +160,13 @@ async function flujoRuns(
     });
     await worker.ready();
     workerStart = Date.now();
-    await runtimeCore(runtime).queue.resume();
+    await runtimeCore(runtime).queues.queue.resume();
     await idle();
   }
   let last = 0;
   let summed = 0;
   for (const runId of ids) {
-    const events = await runtimeCore(runtime).store.readEvents(runId);
+    const events = await runtimeCore(runtime).stores.store.readEvents(runId);
     const created = Number(events[0]?.data['at']);
     const finished = events.find((e) => e.type === 'run.finished');
     if (finished?.data['status'] !== 'succeeded') throw new Error(`run ${runId} did not succeed`);
@@ -221,7 +222,7 @@ async function settledLatency(
     const report = await handle.settled();
     user += performance.now() - t0;
     if (report.status !== 'succeeded') throw new Error(`run ${handle.runId} did not succeed`);
-    const events = await runtimeCore(runtime).store.readEvents(handle.runId);
+    const events = await runtimeCore(runtime).stores.store.readEvents(handle.runId);
     const finished = events.find((e) => e.type === 'run.finished');
     engine += Number(finished?.data['at']) - Number(events[0]?.data['at']);
   }
@@ -344,7 +345,8 @@ async function bigRuns(
   runtime.operator('big', ({ stepId }) => ({ stepId, text: stepId.padEnd(OUTPUT_BYTES, '.') }));
   const worker = runtime.createWorker({ concurrency: parallel, recoverOnStart: false });
   await worker.ready();
-  const { redis, keys } = runtimeCore(runtime);
+  const { redis } = runtimeCore(runtime);
+  const { keys } = runtimeCore(runtime).stores;
   const idle = async () => {
     while ((await redis.scard(keys.activeRuns())) > 0) await new Promise((r) => setTimeout(r, 2));
   };
@@ -363,7 +365,7 @@ async function bigRuns(
   let summed = 0;
   let last = 0;
   for (const runId of ids) {
-    const events = await runtimeCore(runtime).store.readEvents(runId);
+    const events = await runtimeCore(runtime).stores.store.readEvents(runId);
     const created = Number(events[0]?.data['at']);
     const finished = events.find((e) => e.type === 'run.finished');
     if (finished?.data['status'] !== 'succeeded') throw new Error(`run ${runId} did not succeed`);

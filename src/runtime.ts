@@ -257,24 +257,24 @@ export function createRuntime(options: RuntimeOptions): Runtime {
   const inspect = checkInspectOption(options.inspect);
   const core = new RuntimeCore(options);
   if (inspect !== undefined) core.host.observe(commitInspector(inspect, core.log));
-  registerAll(core, options);
+  registerAll(core.registry, options);
   const hook = options.authorizeDecision;
   const runtime: Runtime = {
     core,
     operator(name, fn, registerOptions) {
-      registerOperator(core, name, fn, registerOptions);
+      registerOperator(core.registry, name, fn, registerOptions);
       return runtime;
     },
     tool(definition) {
-      core.tools.register(definition);
+      core.registry.tools.register(definition);
       return runtime;
     },
     policy(name, fn, policyOptions) {
-      registerPolicy(core, name, fn, policyOptions);
+      registerPolicy(core.registry, name, fn, policyOptions);
       return runtime;
     },
     agent(definition, registerOptions) {
-      registerAgent(core, definition, registerOptions);
+      registerAgent(core.registry, definition, registerOptions);
       return runtime;
     },
     start: (planSource, input, opts) => beginRun(core, planSource, input, opts),
@@ -289,7 +289,7 @@ export function createRuntime(options: RuntimeOptions): Runtime {
     status: (runId) => readReport(core, runId),
     snapshot: (runId) => readSnapshot(core, runId),
     replay: ((runId: string, o: ReplayOptions) => replayRun(core, runId, o)) as Runtime['replay'],
-    list: (filter = {}) => listRuns(core, filter, core.retention.finishedRunsMs),
+    list: (filter = {}) => listRuns(core, filter, core.stores.retention.finishedRunsMs),
     events: (runId, o) => eventsOf(core, runId, o),
     outcomes: (runId, o) => outcomesOf(core, runId, o),
     ledger: (runId) => readLedger(core, runId),

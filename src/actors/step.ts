@@ -99,7 +99,7 @@ export async function runStepUnit(
   debugPoint(DebugPoint.afterCommit, stepId);
   // 5. Next.
   if (next !== null) return nextUnit(host, next, applied, chain, result.kind);
-  await core.enqueuePlanned(runId, applied);
+  await core.queues.enqueuePlanned(runId, applied);
   await afterCommit(host, runId, meta, applied.transition.status);
   return result.kind;
 }

@@ -135,7 +135,7 @@ async function turnUnit(
   // committed a moment ago, by this job, so no worker can have taken the next one (a racing
   // worker's reply would still win when this one is recorded: the journal keeps the first).
   const journaled =
-    held === undefined ? core.journal.get(data.runId, data.stepId!, data.turn!) : NOTHING;
+    held === undefined ? core.stores.journal.get(data.runId, data.stepId!, data.turn!) : NOTHING;
   journaled.catch(() => {});
   const admitted = held ?? (await admitUnit(host, data, chain.self));
   if (typeof admitted === 'string') return admitted;
@@ -217,7 +217,7 @@ async function checkTurnOrder(
       'turn job ahead of the committed turns: resuming from the committed turn',
     );
   }
-  await core.enqueueDue(runId, admitted.env, chain.self);
+  await core.queues.enqueueDue(runId, admitted.env, chain.self);
   return stored > turn ? 'turn-committed' : 'turn-gap';
 }
 
@@ -247,7 +247,7 @@ async function commitFailedTurn(
     await recording(unit),
   );
   notifyFailures(host, runId, [failure], applied, data.turn);
-  await core.enqueueDue(runId, applied.envelope, chain.self);
+  await core.queues.enqueueDue(runId, applied.envelope, chain.self);
   await afterCommit(host, runId, c.admitted.meta, applied.transition.status);
   return 'failed';
 }
@@ -331,7 +331,7 @@ async function commitTurn(host: UnitHost, c: TurnCommit, result: TurnResult): Pr
       events,
       chain,
       base: {
-        appends: [core.history.appendOp(runId, stepId, cursor, messages)],
+        appends: [core.stores.history.appendOp(runId, stepId, cursor, messages)],
         // The last read-only call's receipt, written with the turn: one write fewer per turn.
         ...(receipts.length === 0 ? {} : { ledgerRecords: receipts }),
       },
@@ -347,7 +347,7 @@ async function commitTurn(host: UnitHost, c: TurnCommit, result: TurnResult): Pr
       handedOn = typeof going !== 'string';
       return going;
     }
-    await core.enqueueDue(runId, applied.envelope, chain.self);
+    await core.queues.enqueueDue(runId, applied.envelope, chain.self);
     await afterCommit(host, runId, meta, applied.transition.status);
     return ended;
   } finally {

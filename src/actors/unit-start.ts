@@ -45,7 +45,7 @@ export function startUnit(
   // that a commit of this job handed to it was noted by that commit: no other worker has run it.
   const previous =
     !noted && (state.status === 'READY' || turn !== undefined)
-      ? core.unitNotes
+      ? core.stores.unitNotes
           .swap(runId, stepId, formatUnitNote(attempt, pauses, at, turn, identity))
           .catch(() => null)
       : NOTHING;
@@ -116,10 +116,10 @@ export async function journaledReplyOf(
   mode: 'atomic' | 'granular',
   r: Reservation,
 ): Promise<ModelReply | null> {
-  if (mode === 'granular') return core.journal.get(runId, r.stepId, r.turn);
+  if (mode === 'granular') return core.stores.journal.get(runId, r.stepId, r.turn);
   const unit = reservationUnit(r.id);
   if (unit === null) return null;
-  const calls = await core.journal.attemptCalls(runId, r.stepId, unit.attempt, r.turn + 1);
+  const calls = await core.stores.journal.attemptCalls(runId, r.stepId, unit.attempt, r.turn + 1);
   return calls[r.turn]?.reply ?? null;
 }
 
@@ -146,11 +146,11 @@ async function uncommittedCalls(
     return made !== null && made.attempt === attempt && made.pause === pauses;
   };
   try {
-    let list = (await core.quota.list(agent.tenantId, runId)).filter(theirs);
+    let list = (await core.stores.quota.list(agent.tenantId, runId)).filter(theirs);
     if (list.some((r) => r.outcome === null)) {
       const where = { tenantId: agent.tenantId, runId, stepId, agent: agent.agent };
       await core.meter.settle(where, (r) => journaledReplyOf(core, runId, agent.mode, r));
-      list = (await core.quota.list(agent.tenantId, runId)).filter(theirs);
+      list = (await core.stores.quota.list(agent.tenantId, runId)).filter(theirs);
     }
     const where = { stepId, attempt, ...(turn === undefined ? {} : { turn }) };
     return list

@@ -38,7 +38,9 @@ import type { SnapshotEnvelope } from '../persistence/codec.js';
 import type { CommitOptions, RunEventRecord } from '../persistence/snapshot-store.js';
 import { formatUnitNote, type WorkerIdentity } from '../persistence/unit-notes.js';
 import type { RunEvent } from '../schemas/events.js';
-import { abortMessage, type RunMeta, type RuntimeCore, type StepFailureInfo } from './core.js';
+import type { RuntimeCore, StepFailureInfo } from './core.js';
+import type { RunMeta } from './runtime-meta.js';
+import { abortMessage } from './runtime-queues.js';
 import { HistoryCache } from '../execution/history-cache.js';
 import { carrierNote, isDue, soleUnit, unitJobOf, type JobData, type JobSpec } from './jobs.js';
 import type { CallToApprove } from '../execution/call-approval.js';
@@ -84,39 +86,39 @@ export interface UnitHostOptions {
 export function createUnitHost(core: RuntimeCore, options: UnitHostOptions): UnitHost {
   // A granular step's committed history, kept per run and step between turns: it is append-only,
   // so a cached prefix stays true and only the messages after it are read.
-  const histories = new HistoryCache(core.history, 512);
+  const histories = new HistoryCache(core.stores.history, 512);
   return {
     core,
     histories,
     identity: options.identity,
     aborts: new Map(),
     execution: {
-      operators: core.operators,
-      policies: core.policies,
-      agents: core.agents,
-      clientFor: core.clientFor,
-      tools: core.tools,
-      ledger: core.ledger,
-      counter: core.counters,
+      operators: core.registry.operators,
+      policies: core.registry.policies,
+      agents: core.registry.agents,
+      clientFor: core.registry.clientFor,
+      tools: core.registry.tools,
+      ledger: core.stores.ledger,
+      counter: core.stores.counters,
       maxToolCalls: undefined,
       leaseMs: options.leaseMs,
-      journal: core.journal,
-      fingerprints: core.fingerprints,
+      journal: core.stores.journal,
+      fingerprints: core.stores.fingerprints,
       histories,
       live: {
-        chunk: (chunk) => core.publishChunk(chunk),
+        chunk: (chunk) => core.queues.publishChunk(chunk),
         progress: (where, info) =>
-          core.publishProgress(where.runId, where.stepId, where.attempt, info),
+          core.queues.publishProgress(where.runId, where.stepId, where.attempt, info),
       },
       meter: core.meter,
       context: core.context,
-      results: core.blobs,
+      results: core.stores.blobs,
       policyVersion: core.policyVersion,
     },
     stepCache: {
-      cache: core.cache,
+      cache: core.stores.cache,
       clock: core.clock,
-      identities: core,
+      identities: core.registry,
       log: core.log,
     },
   };
@@ -214,7 +216,7 @@ export async function outputsOf(
     }
   }
   if (stored.length > 0) {
-    const read = await core.store.readOutputs(runId, stored);
+    const read = await core.stores.store.readOutputs(runId, stored);
     for (const d of stored) if (d in read) out[d] = read[d] as JsonValue;
   }
   return out;
@@ -249,7 +251,7 @@ export function agentUnit(
   const fallback = state.fallback?.active === true ? fallbackStep(step) : null;
   const runs = fallback ?? step;
   if (runs.kind !== 'agent') return undefined;
-  const agent = host.core.agents.get(runs.agent);
+  const agent = host.core.registry.agents.get(runs.agent);
   if (agent === undefined) return undefined;
   return { tenantId: meta.tenantId, agent, mode: turn === undefined ? 'atomic' : 'granular' };
 }
@@ -257,8 +259,8 @@ export function agentUnit(
 /** In a run that replays another: where the step's tool calls find the original's receipts. */
 export function replayOf(host: UnitHost, runId: string, meta: RunMeta, step: PlanStep) {
   const { core } = host;
-  const blobs = { store: core.blobs, runId };
-  const replay = replayedCalls(core.ledger, meta.replay, meta.tenantId, step, blobs);
+  const blobs = { store: core.stores.blobs, runId };
+  const replay = replayedCalls(core.stores.ledger, meta.replay, meta.tenantId, step, blobs);
   return replay === undefined ? {} : { replay };
 }
 
@@ -277,16 +279,16 @@ export async function stopForBudget(
     at: core.clock(),
   };
   const applied = await core.host.apply(runId, event, env);
-  await core.publishAborts(runId, applied.transition.planned);
-  await core.enqueueDue(runId, applied.envelope);
+  await core.queues.publishAborts(runId, applied.transition.planned);
+  await core.queues.enqueueDue(runId, applied.envelope);
 }
 
 /** A deadline job: stops the run for its `maxWallClockMs` unless it ended. */
 export async function runDeadline(host: UnitHost, runId: string): Promise<string> {
   const { core } = host;
-  const env = await core.store.load(runId, { outputs: false });
+  const env = await core.stores.store.load(runId, { outputs: false });
   if (env.snapshot.status !== 'active' || env.snapshot.value === 'failed') return 'ended';
-  const meta = await core.meta(runId);
+  const meta = await core.meta.read(runId);
   const limit = meta.plan.budgets?.maxWallClockMs ?? 0;
   await stopForBudget(host, runId, env, {
     budget: 'maxWallClockMs',
@@ -320,7 +322,7 @@ export async function afterCommit(
 ): Promise<void> {
   if (status !== 'succeeded' && status !== 'failed') return;
   const { core } = host;
-  core.runs.ended(runId, status, core.clock()).catch(() => {}); // healed by the list if lost
+  core.stores.runs.ended(runId, status, core.clock()).catch(() => {}); // healed by the list if lost
   await core.meter.settle({ tenantId: meta.tenantId, runId }, (r) => {
     const step = meta.plan.steps.find((s) => s.id === r.stepId);
     const mode = step?.kind === 'agent' && step.mode === 'granular' ? 'granular' : 'atomic';
@@ -360,10 +362,10 @@ export async function admitLoaded(
     state.attempt !== data.attempt ||
     (state.pauses ?? 0) !== (data.pause ?? 0)
   ) {
-    await core.enqueueDue(runId, env, self);
+    await core.queues.enqueueDue(runId, env, self);
     return 'already-done';
   }
-  const meta = await core.meta(runId);
+  const meta = await core.meta.read(runId);
   const budgets = meta.plan.budgets;
   const now = core.clock();
   if (budgets?.maxWallClockMs !== undefined && now - meta.createdAt > budgets.maxWallClockMs) {
@@ -452,7 +454,7 @@ export async function attemptLimit(
   const wallClock = step.budgets?.maxWallClockMs;
   if (wallClock === undefined) return timeout;
   const now = core.clock();
-  const startedAt = await core.counters.stepStartedAt(runId, step.id, now);
+  const startedAt = await core.stores.counters.stepStartedAt(runId, step.id, now);
   const left = startedAt + wallClock - now;
   if (timeout !== null && timeout.ms <= left) return timeout;
   return {
@@ -611,7 +613,7 @@ export async function pauseUnit(
     env,
     await recording(unit),
   );
-  await core.enqueueDue(runId, applied.envelope, chain.self);
+  await core.queues.enqueueDue(runId, applied.envelope, chain.self);
   return 'paused';
 }
 

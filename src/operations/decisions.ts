@@ -108,7 +108,7 @@ export async function authorize(
   by: string,
   decision: StepDecision,
 ): Promise<void> {
-  const planStep = (await core.meta(runId)).plan.steps.find((s) => s.id === stepId);
+  const planStep = (await core.meta.read(runId)).plan.steps.find((s) => s.id === stepId);
   const approvers = planStep?.gate?.approvers;
   if (approvers !== undefined && !approvers.includes(by)) {
     throw new ApprovalNotAllowedError(runId, stepId, by, approvers);
@@ -134,7 +134,7 @@ export async function decide(
   type: 'gate.approved' | 'gate.rejected',
 ): Promise<RunReport> {
   checkBy(decision?.by, 'decision');
-  const env = await core.store.load(runId, { outputs: false });
+  const env = await core.stores.store.load(runId, { outputs: false });
   const step = runSteps(env.snapshot).find((s) => s.stepId === stepId);
   if (step === undefined) {
     throw new StepNotWaitingError(runId, stepId, null, env.snapshot.context.order);
@@ -176,7 +176,7 @@ export async function decide(
     const now = runSteps(applied.envelope.snapshot).find((s) => s.stepId === stepId);
     throw new StepNotWaitingError(runId, stepId, now?.status ?? null, env.snapshot.context.order);
   }
-  await core.enqueueDue(runId, applied.envelope);
+  await core.queues.enqueueDue(runId, applied.envelope);
   return readReport(core, runId);
 }
 
@@ -192,7 +192,7 @@ export async function skipStep(
   request: SkipInput,
 ): Promise<RunReport> {
   checkSkip(request);
-  const env = await core.store.load(runId, { outputs: false });
+  const env = await core.stores.store.load(runId, { outputs: false });
   const step = runSteps(env.snapshot).find((s) => s.stepId === stepId);
   if (step === undefined || !skippable(env.snapshot, step)) {
     throw new StepNotSkippableError(
@@ -214,18 +214,18 @@ export async function skipStep(
     throw new StepNotSkippableError(runId, stepId, now?.status ?? null, env.snapshot.context.order);
   }
   // Dependents the skip reopened (a step that failed was skipped) start a fresh step budget.
-  await core.counters.resetSteps(runId, reopenedSteps(applied.transition.changes));
+  await core.stores.counters.resetSteps(runId, reopenedSteps(applied.transition.changes));
   const after = applied.transition.status;
   if (before === 'failed' && after !== 'failed') {
     // The failed run goes on (or succeeded): as after a resume, it keeps its keys again.
-    await core.resumed(runId);
+    await core.meta.resumed(runId);
     if (after !== 'succeeded') {
-      await Promise.all([core.activeRuns.add(runId), core.runs.reopened(runId)]);
+      await Promise.all([core.stores.activeRuns.add(runId), core.stores.runs.reopened(runId)]);
     }
   }
-  if (after === 'succeeded') await core.runs.ended(runId, after, applied.envelope.updatedAt);
-  await core.publishAborts(runId, applied.transition.planned);
-  await core.enqueueDue(runId, applied.envelope);
+  if (after === 'succeeded') await core.stores.runs.ended(runId, after, applied.envelope.updatedAt);
+  await core.queues.publishAborts(runId, applied.transition.planned);
+  await core.queues.enqueueDue(runId, applied.envelope);
   return readReport(core, runId);
 }
 
@@ -241,9 +241,9 @@ export async function cancelRun(
     ...(o.reason === undefined ? {} : { reason: o.reason }),
     at: core.clock(),
   });
-  await core.publishAborts(runId, applied.transition.planned);
+  await core.queues.publishAborts(runId, applied.transition.planned);
   if (applied.transition.status === 'cancelled') {
-    await core.runs.ended(runId, 'cancelled', applied.envelope.updatedAt);
+    await core.stores.runs.ended(runId, 'cancelled', applied.envelope.updatedAt);
   }
   return readReport(core, runId);
 }
@@ -264,11 +264,11 @@ export async function resumeRun(
   }
   // Each reopened step gets one more attempt, under a fresh step budget (tool calls, wall
   // clock): what its failed attempts counted would fail it again at once.
-  await core.counters.resetSteps(runId, reopenedSteps(applied.transition.changes));
+  await core.stores.counters.resetSteps(runId, reopenedSteps(applied.transition.changes));
   // It goes on: its keys lose the expiry it got when it failed.
-  await core.resumed(runId);
-  await Promise.all([core.activeRuns.add(runId), core.runs.reopened(runId)]);
-  await core.enqueueDue(runId, applied.envelope);
+  await core.meta.resumed(runId);
+  await Promise.all([core.stores.activeRuns.add(runId), core.stores.runs.reopened(runId)]);
+  await core.queues.enqueueDue(runId, applied.envelope);
   return readReport(core, runId);
 }
 
@@ -283,16 +283,16 @@ export async function resolveToolCall(
   resolution: { succeeded: JsonValue } | { retry: true },
   by: string,
 ): Promise<LedgerEntry> {
-  const meta = await core.meta(runId);
+  const meta = await core.meta.read(runId);
   const scopes = new Set(actionScopesOf(meta.plan, meta.input, meta.tenantId).values());
-  if (scopes.size > 0 && (await core.ledger.get(runId, meta.tenantId, callId)) === null) {
+  if (scopes.size > 0 && (await core.stores.ledger.get(runId, meta.tenantId, callId)) === null) {
     for (const scope of scopes) {
-      if ((await core.ledger.get(scope, meta.tenantId, callId)) !== null) {
-        return core.ledger.resolve(scope, meta.tenantId, callId, resolution, by);
+      if ((await core.stores.ledger.get(scope, meta.tenantId, callId)) !== null) {
+        return core.stores.ledger.resolve(scope, meta.tenantId, callId, resolution, by);
       }
     }
   }
-  return core.ledger.resolve(runId, meta.tenantId, callId, resolution, by);
+  return core.stores.ledger.resolve(runId, meta.tenantId, callId, resolution, by);
 }
 
 /**
@@ -327,7 +327,7 @@ export async function setTenantQuota(
   quota: { maxTokens?: number | null; maxCostUsd?: number | null },
 ): Promise<TenantQuota> {
   assertTenantId(tenantId);
-  const set = await core.quota.setTenantQuota(tenantId, tenantQuotaUpdate(quota));
+  const set = await core.stores.quota.setTenantQuota(tenantId, tenantQuotaUpdate(quota));
   return {
     maxTokens: set.maxTokens,
     maxCostUsd: set.maxMicroUsd === null ? null : set.maxMicroUsd / 1_000_000,

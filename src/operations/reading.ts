@@ -165,8 +165,8 @@ export async function loadRun(
   core: RuntimeCore,
   runId: string,
 ): Promise<SnapshotEnvelope<RunSnapshot>> {
-  const env = await core.store.tryLoad(runId);
-  if (env === null) throw await core.notFound(runId);
+  const env = await core.stores.store.tryLoad(runId);
+  if (env === null) throw await core.stores.notFound(runId);
   return env;
 }
 
@@ -174,11 +174,11 @@ export async function loadRun(
 export async function readReport(core: RuntimeCore, runId: string): Promise<RunReport> {
   const [env, started, replays, progress] = await Promise.all([
     loadRun(core, runId),
-    core.unitNotes.read(runId),
+    core.stores.unitNotes.read(runId),
     replaysOf(core, runId),
-    core.channels.readProgress(runId),
+    core.queues.channels.readProgress(runId),
   ]);
-  const meta = await core.meta(runId);
+  const meta = await core.meta.read(runId);
   const lineage = lineageFrom(runId, meta.replay, replays);
   const status = runStatus(env.snapshot);
   const steps = stepsAsStarted(runSteps(env.snapshot), started);
@@ -216,7 +216,7 @@ export async function waitSettled(
   timeoutMs = 0,
 ): Promise<RunReport> {
   // The run's status changes alone: a commit that changes nothing of it wakes no waiter.
-  const key = core.keys.status(runId);
+  const key = core.stores.keys.status(runId);
   // The newest status change before the status (same connection, so read in this order):
   // nothing committed after the status was read can be missed. The status alone is read first (one
   // field): the whole report only once the run settled, or when that field does not say (no
@@ -224,8 +224,8 @@ export async function waitSettled(
   const [last, stored] = await withRedisDeadline(
     () =>
       Promise.all([
-        lastStatusId(core.redis, core.keys, runId),
-        readRunStatus(core.redis, core.keys, runId),
+        lastStatusId(core.redis, core.stores.keys, runId),
+        readRunStatus(core.redis, core.stores.keys, runId),
       ]),
     core.redisTimeoutMs,
     core.redis,
@@ -260,7 +260,7 @@ export async function waitSettled(
         },
       );
     };
-    const unwatch = core.watcher().watch(
+    const unwatch = core.queues.watcher().watch(
       key,
       last ?? '0-0',
       (entries) => {
@@ -281,21 +281,21 @@ export async function waitSettled(
  * inputs, which are in their actions' ledgers, shared by the tenant's runs.
  */
 export async function readLedger(core: RuntimeCore, runId: string): Promise<LedgerEntry[]> {
-  const meta = await core.meta(runId);
-  const own = await core.ledger.list(runId, meta.tenantId);
+  const meta = await core.meta.read(runId);
+  const own = await core.stores.ledger.list(runId, meta.tenantId);
   const scopes = new Set(actionScopesOf(meta.plan, meta.input, meta.tenantId).values());
   const shared = await Promise.all(
-    [...scopes].map((scope) => core.ledger.list(scope, meta.tenantId)),
+    [...scopes].map((scope) => core.stores.ledger.list(scope, meta.tenantId)),
   );
   return [...own, ...shared.flat()];
 }
 
 /** The run's model usage (`runtime.usage`): every reservation and the run's totals. */
 export async function readUsage(core: RuntimeCore, runId: string): Promise<RunUsage> {
-  const meta = await core.meta(runId);
+  const meta = await core.meta.read(runId);
   const [reservations, totals] = await Promise.all([
-    core.quota.list(meta.tenantId, runId),
-    core.quota.usage(meta.tenantId, runId),
+    core.stores.quota.list(meta.tenantId, runId),
+    core.stores.quota.usage(meta.tenantId, runId),
   ]);
   return { runId, tenantId: meta.tenantId, reservations, totals };
 }
@@ -305,14 +305,14 @@ export async function readTrace(core: RuntimeCore, runId: string): Promise<RunTr
   // The report first: a run that does not exist is refused as such.
   const current = await readReport(core, runId);
   const [meta, events, started] = await Promise.all([
-    core.meta(runId),
-    core.store.readEvents(runId),
-    core.unitNotes.read(runId),
+    core.meta.read(runId),
+    core.stores.store.readEvents(runId),
+    core.stores.unitNotes.read(runId),
   ]);
   const [ledger, reservations] = await Promise.all([
     // As `runtime.ledger` reads it: within the Redis deadline.
     withRedisDeadline(() => readLedger(core, runId), core.redisTimeoutMs, core.redis),
-    core.quota.list(meta.tenantId, runId),
+    core.stores.quota.list(meta.tenantId, runId),
   ]);
   return buildRunTrace({
     runId,

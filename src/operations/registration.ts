@@ -1,8 +1,8 @@
 /**
  * Registration: the operators, tools, agents and policies a runtime is given, in its options or
- * one by one. Each a plain function of the runtime core's registries.
+ * one by one. Each a plain function of the runtime's registry.
  */
-import type { RuntimeCore } from '../actors/core.js';
+import type { RuntimeRegistry } from '../actors/runtime-registry.js';
 import type { Operator } from '../execution/execute-step.js';
 import {
   definePolicy,
@@ -41,22 +41,22 @@ export function checkVersion(
 }
 
 /** Registers what the runtime's options name, as given (a policy export becomes a policy). */
-export function registerAll(core: RuntimeCore, given: Registrations): void {
-  for (const [name, fn] of Object.entries(given.operators ?? {})) core.operators.set(name, fn);
-  for (const tool of given.tools ?? []) core.tools.register(tool);
-  for (const agent of given.agents ?? []) core.agents.set(agent.name, agent);
+export function registerAll(registry: RuntimeRegistry, given: Registrations): void {
+  for (const [name, fn] of Object.entries(given.operators ?? {})) registry.operators.set(name, fn);
+  for (const tool of given.tools ?? []) registry.tools.register(tool);
+  for (const agent of given.agents ?? []) registry.agents.set(agent.name, agent);
   for (const [name, exported] of Object.entries(given.policies ?? {})) {
     const policy =
       typeof exported === 'function'
         ? definePolicy(name, exported)
         : definePolicy(name, exported?.check, exported);
-    core.policies.set(name, policy);
+    registry.policies.set(name, policy);
   }
 }
 
 /** Registers an operator under `name` (`runtime.operator`); its `version` replaces any earlier. */
 export function registerOperator(
-  core: RuntimeCore,
+  registry: RuntimeRegistry,
   name: string,
   fn: Operator,
   options: { version?: string } | undefined,
@@ -70,39 +70,39 @@ export function registerOperator(
     ]);
   }
   const version = checkVersion(options, 'operator');
-  core.operators.set(name, fn);
-  if (version === undefined) core.operatorVersions.delete(name);
-  else core.operatorVersions.set(name, version);
+  registry.operators.set(name, fn);
+  if (version === undefined) registry.operatorVersions.delete(name);
+  else registry.operatorVersions.set(name, version);
 }
 
 /** Registers a policy (`runtime.policy`); refuses a second policy of one name. */
 export function registerPolicy(
-  core: RuntimeCore,
+  registry: RuntimeRegistry,
   name: string,
   fn: Policy,
   options: PolicyOptions | undefined,
 ): void {
   const policy = definePolicy(name, fn, options);
-  if (core.policies.has(policy.name)) {
+  if (registry.policies.has(policy.name)) {
     throw new ConfigurationError(
       `a policy named "${policy.name}" is already registered; give each policy its own name`,
     );
   }
-  core.policies.set(policy.name, policy);
+  registry.policies.set(policy.name, policy);
 }
 
 /** Registers an agent (`runtime.agent`); refuses a second agent of one name. */
 export function registerAgent(
-  core: RuntimeCore,
+  registry: RuntimeRegistry,
   definition: AgentDefinition,
   options: { version?: string } | undefined,
 ): void {
-  if (core.agents.has(definition.name)) {
+  if (registry.agents.has(definition.name)) {
     throw new ConfigurationError(
       `an agent named "${definition.name}" is already registered; give each agent its own name`,
     );
   }
   const version = checkVersion(options, 'agent');
-  core.agents.set(definition.name, definition);
-  if (version !== undefined) core.agentVersions.set(definition.name, version);
+  registry.agents.set(definition.name, definition);
+  if (version !== undefined) registry.agentVersions.set(definition.name, version);
 }

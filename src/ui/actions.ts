@@ -116,7 +116,7 @@ export async function runAction(
       // A stalled run: its due work is queued again, as a worker that starts does for every
       // active run (a unit already queued or done is not run twice).
       const core = runtimeCore(runtime);
-      await core.enqueueDue(runId, await core.store.load(runId, { outputs: false }));
+      await core.queues.enqueueDue(runId, await core.stores.store.load(runId, { outputs: false }));
       return { runId, done: 'requeue' };
     }
     // A failed run is resumed; any other is refused with the runtime's reason.
@@ -134,17 +134,17 @@ export async function runAction(
   }
   // Send again: the plan and input the run was started with, in a new run of the same tenant.
   const core = runtimeCore(runtime);
-  const meta = await core.meta(runId);
+  const meta = await core.meta.read(runId);
   const started = await runtime.start(meta.plan, meta.input, {
     tenantId: meta.tenantId,
     ...(meta.cache.allowCacheHit === true ? { allowCacheHit: true } : {}),
     ...(meta.cache.refresh === true ? { refreshCache: true } : {}),
   });
-  const module = await readRunModule(core.redis, core.keys, runId);
+  const module = await readRunModule(core.redis, core.stores.keys, runId);
   await Promise.all([
     writeMetaField(
       core.redis,
-      core.keys,
+      core.stores.keys,
       started.runId,
       AGAIN_FIELD,
       JSON.stringify({ runId, by }),
@@ -152,7 +152,7 @@ export async function runAction(
     // The job module that started the original runs this one too (for the commands shown).
     module === null
       ? null
-      : writeMetaField(core.redis, core.keys, started.runId, RUN_MODULE_FIELD, module),
+      : writeMetaField(core.redis, core.stores.keys, started.runId, RUN_MODULE_FIELD, module),
   ]);
   return { runId: started.runId, done: 'again' };
 }
@@ -224,7 +224,7 @@ export async function againOf(
   runId: string,
 ): Promise<{ runId: string; by: string } | null> {
   const core = runtimeCore(runtime);
-  const raw = await readMetaField(core.redis, core.keys, runId, AGAIN_FIELD);
+  const raw = await readMetaField(core.redis, core.stores.keys, runId, AGAIN_FIELD);
   if (raw === null) return null;
   try {
     const parsed = JSON.parse(raw) as { runId?: unknown; by?: unknown };

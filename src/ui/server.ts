@@ -166,9 +166,9 @@ export async function startUi(runtime: Runtime, options: UiOptions = {}): Promis
       runtime.ledger(runId),
       runtime.usage(runId),
       // Named in the notice of due work that waits for a worker, only then read.
-      report.idle === null ? null : readRunModule(core.redis, core.keys, runId),
-      core.meta(runId),
-      core.store.readEvents(runId),
+      report.idle === null ? null : readRunModule(core.redis, core.stores.keys, runId),
+      core.meta.read(runId),
+      core.stores.store.readEvents(runId),
       modelCalls(runId),
       againOf(runtime, runId),
     ]);
@@ -192,10 +192,12 @@ export async function startUi(runtime: Runtime, options: UiOptions = {}): Promis
    */
   async function modelCalls(runId: string): Promise<ModelCallView[]> {
     const core = runtimeCore(runtime);
-    const journaled = await core.journal.list(runId);
+    const journaled = await core.stores.journal.list(runId);
     const steps = [...new Set(journaled.filter((j) => j.turn !== null).map((j) => j.stepId))];
     const histories = new Map<string, ChatMessage[]>(
-      await Promise.all(steps.map(async (id) => [id, await core.history.read(runId, id)] as const)),
+      await Promise.all(
+        steps.map(async (id) => [id, await core.stores.history.read(runId, id)] as const),
+      ),
     );
     const calls: ModelCallView[] = [];
     for (const j of journaled) {
@@ -299,7 +301,7 @@ export async function startUi(runtime: Runtime, options: UiOptions = {}): Promis
     // Subscribed before the latest progress is read, so that no report falls between the two;
     // reports that come before the stream opens wait in `early`.
     let early: string[] | null = [];
-    const unsubscribe = await core.subscribeProgress(runId, (message) => {
+    const unsubscribe = await core.queues.subscribeProgress(runId, (message) => {
       if (early === null) put(sse('progress', message));
       else early.push(message);
     });

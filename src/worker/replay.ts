@@ -172,12 +172,12 @@ async function collect<T>(items: AsyncIterable<T>): Promise<T[]> {
 
 /** The run as stored, with its integrity check. Reads only. */
 export async function reproduceRun(core: RuntimeCore, runId: string): Promise<ReproducedRun> {
-  const env = await core.store.load(runId);
-  const meta = await core.meta(runId);
+  const env = await core.stores.store.load(runId);
+  const meta = await core.meta.read(runId);
   const [events, outcomes, modelReplies] = await Promise.all([
     collect(eventsOf(core, runId)),
     collect(outcomesOf(core, runId)),
-    core.journal.list(runId),
+    core.stores.journal.list(runId),
   ]);
   // Events a commit wrote after the snapshot was read are not in it: the check stops there.
   const upTo = events.filter((e) => e.version <= env.version);
@@ -257,8 +257,8 @@ export async function startReplay(
   runId: string,
   options: ReplayOptions & { mode: 'replay' | 'regenerate' },
 ): Promise<ReplayedRun> {
-  const original = await core.store.load(runId);
-  const meta = await core.meta(runId);
+  const original = await core.stores.store.load(runId);
+  const meta = await core.meta.read(runId);
   const { plan } = meta;
   const scope = options.fromStep === undefined ? null : forkScope(plan, options.fromStep);
   const reused = new Map<string, JsonValue>();
@@ -325,13 +325,18 @@ export async function startReplay(
   // Listed before it exists, as a start lists its run: the list removes an entry whose run never
   // got created.
   await Promise.all([
-    core.activeRuns.add(newRunId),
-    core.runs.add({ runId: newRunId, planName: plan.name, tenantId: meta.tenantId, createdAt: at }),
+    core.stores.activeRuns.add(newRunId),
+    core.stores.runs.add({
+      runId: newRunId,
+      planName: plan.name,
+      tenantId: meta.tenantId,
+      createdAt: at,
+    }),
   ]);
   const envelope = await core.host.createFrom(newRunId, { snapshot, facts, created, meta: fields });
   await lineageStore(core).add(runId, { runId: newRunId, mode: options.mode, at });
-  await core.scheduleDeadline(newRunId, plan, at);
-  await core.enqueueDue(newRunId, envelope);
+  await core.queues.scheduleDeadline(newRunId, plan, at);
+  await core.queues.enqueueDue(newRunId, envelope);
   return {
     mode: options.mode,
     runId: newRunId,
@@ -348,7 +353,7 @@ const lineageStores = new WeakMap<RuntimeCore, LineageStore>();
 function lineageStore(core: RuntimeCore): LineageStore {
   let store = lineageStores.get(core);
   if (store === undefined) {
-    store = createLineageStore({ redis: core.redis, prefix: core.keys.prefix });
+    store = createLineageStore({ redis: core.redis, prefix: core.stores.keys.prefix });
     lineageStores.set(core, store);
   }
   return store;

@@ -115,12 +115,12 @@ export async function listRuns(
   core: RuntimeCore,
   filter: RunListFilter,
   finishedRunsMs: number | undefined,
-  failedRunsMs: number | null = core.retention.failedRunsMs,
+  failedRunsMs: number | null = core.stores.retention.failedRunsMs,
 ): Promise<RunListEntry[]> {
   const { statuses, since, until, limit } = checkRunListFilter(filter);
   const now = core.clock();
   if (finishedRunsMs !== undefined) {
-    await core.runs.trim({
+    await core.stores.runs.trim({
       finished: now - finishedRunsMs,
       failed: failedRunsMs === null ? null : now - failedRunsMs,
     });
@@ -128,7 +128,7 @@ export async function listRuns(
   const out: RunListEntry[] = [];
   const batch = Math.max(50, limit * 2);
   for (let offset = 0; out.length < limit;) {
-    const page = await core.runs.page(since, until, offset, batch);
+    const page = await core.stores.runs.page(since, until, offset, batch);
     if (page.length === 0) break;
     offset += page.length;
     const wanted = page.filter(
@@ -140,7 +140,7 @@ export async function listRuns(
     const rows = await Promise.all(wanted.map((e) => current(core, e, now)));
     const gone = wanted.filter((e, i) => rows[i] === null && e.createdAt < now - CREATING_MS);
     if (gone.length > 0) {
-      await core.runs.remove(gone.map((e) => e.runId));
+      await core.stores.runs.remove(gone.map((e) => e.runId));
       offset -= gone.length;
     }
     for (const row of rows) {
@@ -169,10 +169,10 @@ async function current(
     let failure = { blockedStep: null as string | null, reason: null as string | null };
     if (e.end.status === RunStatus.failed) {
       // A failed run says where and why: its snapshot is read (without its outputs).
-      const env = await core.store.tryLoad(e.runId, { outputs: false });
+      const env = await core.stores.store.tryLoad(e.runId, { outputs: false });
       if (env === null) return null;
       failure = failureOf(env.snapshot);
-    } else if ((await core.store.version(e.runId)) === null) {
+    } else if ((await core.stores.store.version(e.runId)) === null) {
       // One small read: the run's keys may have expired since it ended (retention).
       return null;
     }
@@ -186,12 +186,12 @@ async function current(
       ...failure,
     };
   }
-  const env = await core.store.tryLoad(e.runId);
+  const env = await core.stores.store.tryLoad(e.runId);
   if (env === null) return null;
   const status = runStatus(env.snapshot);
   const ended = ENDED.includes(status);
   // Ended without its end noted (cancelled, or its worker died after the commit): noted now.
-  if (ended) await core.runs.ended(e.runId, status, env.updatedAt);
+  if (ended) await core.stores.runs.ended(e.runId, status, env.updatedAt);
   const steps = runSteps(env.snapshot);
   const endedAt = ended ? env.updatedAt : null;
   return {

@@ -169,7 +169,9 @@ export interface StartJob {
  */
 export function startJobRunId(core: RuntimeCore, job: StartJob): string {
   const h = createHash('sha256')
-    .update(`${core.keys.queuePrefix()}\n${core.queueName}\n${job.id ?? ''}\n${job.timestamp}`)
+    .update(
+      `${core.stores.keys.queuePrefix()}\n${core.queues.queueName}\n${job.id ?? ''}\n${job.timestamp}`,
+    )
     .digest('hex');
   const variant = ((parseInt(h[16]!, 16) & 0x3) | 0x8).toString(16);
   return `${h.slice(0, 8)}-${h.slice(8, 12)}-8${h.slice(13, 16)}-${variant}${h.slice(17, 20)}-${h.slice(20, 32)}`;
@@ -181,7 +183,7 @@ export function startJobRunId(core: RuntimeCore, job: StartJob): string {
  */
 async function sameStart(core: RuntimeCore, runId: string, data: StartJobData): Promise<boolean> {
   // Compared as stored: the start writes the plan as validated and the input, each as JSON text.
-  const stored = await core.store.loadMeta(runId);
+  const stored = await core.stores.store.loadMeta(runId);
   return (
     stored['tenantId'] === (data.tenantId ?? core.tenantId) &&
     stored['plan'] === JSON.stringify(parsePlan(data.plan)) &&
@@ -218,10 +220,10 @@ export async function processStartJob(core: RuntimeCore, job: StartJob): Promise
       ) {
         throw error;
       }
-      const env = await core.store.load(runId, { outputs: false });
-      const meta = await core.meta(runId);
-      await core.scheduleDeadline(runId, meta.plan, meta.createdAt);
-      await core.enqueueDue(runId, env);
+      const env = await core.stores.store.load(runId, { outputs: false });
+      const meta = await core.meta.read(runId);
+      await core.queues.scheduleDeadline(runId, meta.plan, meta.createdAt);
+      await core.queues.enqueueDue(runId, env);
       return { runId, created: true };
     }
   } catch (error) {

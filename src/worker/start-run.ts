@@ -49,8 +49,8 @@ function checkFallbacks(core: RuntimeCore, plan: Plan): void {
     if (fallback === undefined) return;
     const [what, name, known] =
       'operator' in fallback
-        ? (['operator', fallback.operator, core.operators] as const)
-        : (['agent', fallback.agent, core.agents] as const);
+        ? (['operator', fallback.operator, core.registry.operators] as const)
+        : (['agent', fallback.agent, core.registry.agents] as const);
     if (known.has(name)) return;
     const registered = [...known.keys()].join(', ') || '(none)';
     const how =
@@ -96,7 +96,7 @@ export async function launchRun(
   input: unknown,
   opts: StartOptions,
 ): Promise<LaunchedRun> {
-  const plan = core.plans.parse(planSource);
+  const plan = core.meta.plans.parse(planSource);
   assertPlainJson(input, 'run input', 'input');
   const missingKeys = keyInputIssues(plan, input);
   if (missingKeys.length > 0) throw new InputValidationError('run input', missingKeys);
@@ -119,17 +119,17 @@ export async function launchRun(
   if (opts.runId !== undefined) {
     // A request key already claimed leads to its run below; else the run id must be new.
     const owner =
-      requestKey === undefined ? null : await core.requestKeys.owner(tenantId, requestKey);
-    if (owner === null && (await runExists(core.redis, core.keys, runId))) {
+      requestKey === undefined ? null : await core.stores.requestKeys.owner(tenantId, requestKey);
+    if (owner === null && (await runExists(core.redis, core.stores.keys, runId))) {
       throw new RunAlreadyExistsError(runId);
     }
   }
 
   if (requestKey !== undefined) {
-    const owner = await core.requestKeys.claim(tenantId, requestKey, runId);
+    const owner = await core.stores.requestKeys.claim(tenantId, requestKey, runId);
     if (owner !== null) {
       runId = owner;
-      const existing = await core.store.tryLoad(runId, { outputs: false });
+      const existing = await core.stores.store.tryLoad(runId, { outputs: false });
       if (existing !== null) {
         return { runId, created: false, found: runStatus(existing.snapshot) };
       }
@@ -138,8 +138,8 @@ export async function launchRun(
   }
   // Listed before it exists: an entry whose run never got created is removed by the list.
   await Promise.all([
-    core.activeRuns.add(runId),
-    core.runs.add({ runId, planName: plan.name, tenantId, createdAt: at }),
+    core.stores.activeRuns.add(runId),
+    core.stores.runs.add({ runId, planName: plan.name, tenantId, createdAt: at }),
   ]);
   let created;
   const runTrace = startRunTrace(runId, {
@@ -155,7 +155,7 @@ export async function launchRun(
     created = await core.host.create(runId, plan, at, stored);
     runTrace.end();
     // Its workers in this process need not read back what it was started with.
-    core.rememberMeta(runId, stored, plan);
+    core.meta.remember(runId, stored, plan);
   } catch (error) {
     runTrace.end(error);
     // Another start with the same request key created the run first: that run is the one.
@@ -164,7 +164,7 @@ export async function launchRun(
     }
     throw error;
   }
-  await core.scheduleDeadline(runId, plan, at);
-  await core.enqueueDue(runId, created.envelope);
+  await core.queues.scheduleDeadline(runId, plan, at);
+  await core.queues.enqueueDue(runId, created.envelope);
   return { runId, created: true };
 }

@@ -39,7 +39,7 @@ async function withOutputs(
     }
   }
   if (wanted.size === 0) return batch;
-  const outputs = await core.store.readOutputs(runId, [...wanted]);
+  const outputs = await core.stores.store.readOutputs(runId, [...wanted]);
   // An output no longer stored (removed by retention meanwhile) stays a reference.
   return batch.map((e) => {
     const { outputRef, producedRefs, ...data } = e.data;
@@ -67,12 +67,12 @@ export async function* eventsOf(
 ): AsyncGenerator<StoredRunEvent> {
   let after = options.after;
   // A run that does not exist is an error, not an empty stream.
-  if ((await core.store.version(runId)) === null) throw await core.notFound(runId);
+  if ((await core.stores.store.version(runId)) === null) throw await core.stores.notFound(runId);
   for (;;) {
     const batch = await withOutputs(
       core,
       runId,
-      await core.store.readEvents(runId, after === undefined ? {} : { after }),
+      await core.stores.store.readEvents(runId, after === undefined ? {} : { after }),
     );
     for (const e of batch) {
       yield e;
@@ -82,7 +82,9 @@ export async function* eventsOf(
     if (options.follow !== true) return;
     if (options.signal?.aborted === true) return;
     // Blocks without polling: one read serves every follower of the runtime.
-    await core.watcher().next(core.keys.events(runId), after ?? '0-0', options.signal);
+    await core.queues
+      .watcher()
+      .next(core.stores.keys.events(runId), after ?? '0-0', options.signal);
   }
 }
 
@@ -114,7 +116,7 @@ export async function* outcomesOf(
   const stop = new AbortController();
   const signal =
     options.signal === undefined ? stop.signal : AbortSignal.any([options.signal, stop.signal]);
-  const unsubscribe = await core.subscribeChunks(runId, (message) => {
+  const unsubscribe = await core.queues.subscribeChunks(runId, (message) => {
     const chunk = parseChunk(runId, message);
     if (chunk !== null) queue.push(chunk);
   });

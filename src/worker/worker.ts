@@ -183,16 +183,16 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
         throw new DelayedError();
       }
       // A unit this job carried: it gets its own job, due then.
-      await core.add([
+      await core.queues.add([
         { ...outcome.unit, opts: { ...outcome.unit.opts, delay: outcome.retryAfterMs } },
       ]);
       return 'busy';
     }
   }
 
-  const worker = new Worker<JobData>(core.queueName, processor, {
+  const worker = new Worker<JobData>(core.queues.queueName, processor, {
     connection,
-    prefix: core.keys.queuePrefix(),
+    prefix: core.stores.keys.queuePrefix(),
     concurrency,
     lockDuration: Math.max(200, Math.round(recoveryMs / 2)),
     stalledInterval: Math.max(100, Math.round(recoveryMs / 4)),
@@ -204,11 +204,11 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
 
   // The first agent step would build its model's tokenizer (a second or more): built now, in
   // the background, while the worker gets ready and waits for work.
-  const models = [...core.agents.values()].map((agent) => agent.model);
+  const models = [...core.registry.agents.values()].map((agent) => agent.model);
   if (models.length > 0) void preloadTokenizers(models).catch(() => {});
 
   const ready = (async () => {
-    await subscriber.subscribe(core.abortChannel());
+    await subscriber.subscribe(core.queues.abortChannel());
     if (options.recoverOnStart ?? true) await recover();
     void worker.run().catch(() => {});
     await worker.waitUntilReady();
@@ -216,17 +216,17 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
 
   /** Hands the due work of every unfinished run to the queue again (ids make repeats harmless). */
   async function recover(): Promise<void> {
-    await core.activeRuns.forEach(async (runId) => {
-      const env = await core.store.tryLoad(runId, { outputs: false });
+    await core.stores.activeRuns.forEach(async (runId) => {
+      const env = await core.stores.store.tryLoad(runId, { outputs: false });
       if (env === null) {
-        await core.activeRuns.remove(runId);
+        await core.stores.activeRuns.remove(runId);
         return;
       }
-      await core.enqueueDue(runId, env);
+      await core.queues.enqueueDue(runId, env);
       // A run started before the run list existed (or whose entry was lost) is listed again.
-      if (!(await core.runs.has(runId))) {
-        const meta = await core.meta(runId);
-        await core.runs.add({
+      if (!(await core.stores.runs.has(runId))) {
+        const meta = await core.meta.read(runId);
+        await core.stores.runs.add({
           runId,
           planName: meta.plan.name,
           tenantId: meta.tenantId,

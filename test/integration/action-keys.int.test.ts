@@ -158,7 +158,7 @@ describe('action keys across runs', { timeout: 30_000 }, () => {
     const step = parsePlan(paying('send')).steps[0]!;
     const key = stepIdempotencyKey('default', 'unused', step, input);
     const callId = actionCallId(key, 'ship', 0);
-    const entry = await runtimeCore(runtime).ledger.begin(
+    const entry = await runtimeCore(runtime).stores.ledger.begin(
       {
         runId: actionLedgerScope(key),
         stepId: 'pay',

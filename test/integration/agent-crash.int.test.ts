@@ -229,7 +229,7 @@ describe('granular agent steps across SIGKILL', () => {
       },
     );
     expect(report.status).toBe('succeeded');
-    const history = await runtimeCore(rt).history.read(runId, 'research');
+    const history = await runtimeCore(rt).stores.history.read(runId, 'research');
     const stored = history.filter(
       (m) => m.role === 'tool' && (m.tool_call_id === 's1' || m.tool_call_id === 's2'),
     );

@@ -114,7 +114,7 @@ describe('granular agent steps', () => {
     expect(model.requests.map((r) => r.messages.length)).toEqual([2, 4, 6]);
     expect(model.requests[2]!.messages[0]).toMatchObject({ role: 'system' });
 
-    const history = await runtimeCore(runtime).history.read(run.runId, 'research');
+    const history = await runtimeCore(runtime).stores.history.read(run.runId, 'research');
     expect(history.map((m) => m.role)).toEqual([
       'user',
       'assistant',
@@ -130,7 +130,7 @@ describe('granular agent steps', () => {
       content: JSON.stringify({ hits: ['durable agents 1', 'durable agents 2'] }),
     });
     // The snapshot keeps a cursor, not a copy.
-    const step = runSteps((await runtimeCore(runtime).store.load(run.runId)).snapshot)[0]!;
+    const step = runSteps((await runtimeCore(runtime).stores.store.load(run.runId)).snapshot)[0]!;
     expect(step.agent).toMatchObject({ turns: 3, cursor: 6 });
     // Each tool call once, keyed by sha256(run:step:turn:toolCallId), with the turn's key.
     const ledger = await runtime.ledger(run.runId);
@@ -144,9 +144,11 @@ describe('granular agent steps', () => {
     ]);
     // Every reply journaled; one turn.committed per turn, the last committed with the success.
     for (let t = 0; t < 3; t++) {
-      expect(await runtimeCore(runtime).journal.get(run.runId, 'research', t)).not.toBeNull();
+      expect(
+        await runtimeCore(runtime).stores.journal.get(run.runId, 'research', t),
+      ).not.toBeNull();
     }
-    const events = await runtimeCore(runtime).store.readEvents(run.runId);
+    const events = await runtimeCore(runtime).stores.store.readEvents(run.runId);
     const turns = events.filter((e) => e.type === 'turn.committed');
     expect(turns.map((e) => [e.data['turn'], e.data['cursor']])).toEqual([
       [0, 3],
@@ -197,7 +199,7 @@ describe('granular agent steps', () => {
     const run = await runtime.start(plan(), 'Go.');
     expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
     expect(effects.map((e) => e.args)).toEqual([{ q: 'one' }, { q: 'two' }, { text: 'three' }]);
-    const history = await runtimeCore(runtime).history.read(run.runId, 'research');
+    const history = await runtimeCore(runtime).stores.history.read(run.runId, 'research');
     expect(history.slice(2, 5).map((m) => (m.role === 'tool' ? m.tool_call_id : m.role))).toEqual([
       'a',
       'b',
@@ -222,13 +224,13 @@ describe('granular agent steps', () => {
     for (let i = 0; i < 200 && model.requestCount < 2; i++)
       await new Promise((r) => setTimeout(r, 10));
     expect(model.requestCount).toBe(2);
-    const before = await runtimeCore(runtime).history.length(run.runId, 'research');
+    const before = await runtimeCore(runtime).stores.history.length(run.runId, 'research');
     expect(before).toBe(3);
     const data = (turn: number) => ({ runId: run.runId, stepId: 'research', attempt: 1, turn });
-    const redelivered = await runtimeCore(runtime).queue.add(JobName.turn, data(0), {
+    const redelivered = await runtimeCore(runtime).queues.queue.add(JobName.turn, data(0), {
       jobId: `redo-${randomUUID()}`,
     });
-    const ahead = await runtimeCore(runtime).queue.add(JobName.turn, data(5), {
+    const ahead = await runtimeCore(runtime).queues.queue.add(JobName.turn, data(5), {
       jobId: `gap-${randomUUID()}`,
     });
     for (let i = 0; i < 200; i++) {
@@ -237,11 +239,11 @@ describe('granular agent steps', () => {
       await new Promise((r) => setTimeout(r, 10));
     }
     const finished = async (id: string) =>
-      (await runtimeCore(runtime).queue.getJob(id))?.returnvalue as unknown;
+      (await runtimeCore(runtime).queues.queue.getJob(id))?.returnvalue as unknown;
     expect(await finished(redelivered.id!)).toBe('turn-committed');
     expect(await finished(ahead.id!)).toBe('turn-gap');
     expect(model.requestCount).toBe(2);
-    expect(await runtimeCore(runtime).history.length(run.runId, 'research')).toBe(before);
+    expect(await runtimeCore(runtime).stores.history.length(run.runId, 'research')).toBe(before);
     release();
     expect(warnings.map((w) => w.message).filter((m) => m.startsWith('turn job'))).toEqual([
       'turn job ahead of the committed turns: resuming from the committed turn',
@@ -261,7 +263,7 @@ describe('granular agent steps', () => {
     expect(done.status).toBe('failed');
     expect(done.summary.reason).toBe('max_turns_exceeded');
     expect(done.steps[0]!.agent).toMatchObject({ turns: 2, cursor: 5 });
-    expect(await runtimeCore(runtime).history.length(run.runId, 'research')).toBe(5);
+    expect(await runtimeCore(runtime).stores.history.length(run.runId, 'research')).toBe(5);
     expect(model.requestCount).toBe(2);
   });
 
@@ -285,8 +287,8 @@ describe('granular agent steps', () => {
     expect(done.steps[0]!.error?.message).toContain('the index is gone');
     // Turn 0 stays committed, turn 1 left nothing behind but its journaled reply.
     expect(done.steps[0]!.agent).toMatchObject({ turns: 1, cursor: 3 });
-    expect(await runtimeCore(runtime).history.length(run.runId, 'research')).toBe(3);
-    expect(await runtimeCore(runtime).journal.get(run.runId, 'research', 1)).not.toBeNull();
+    expect(await runtimeCore(runtime).stores.history.length(run.runId, 'research')).toBe(3);
+    expect(await runtimeCore(runtime).stores.journal.get(run.runId, 'research', 1)).not.toBeNull();
   });
 
   describe('idempotency enforcement', () => {
@@ -380,9 +382,9 @@ describe('granular agent steps', () => {
     // Live before the step's success, which comes last.
     expect(seen.at(-1)).toMatchObject({ type: 'success', stepId: 'research' });
     expect(seen.findIndex((o) => o.type === 'chunk')).toBeLessThan(seen.length - 1);
-    const events = await runtimeCore(runtime).store.readEvents(run.runId);
+    const events = await runtimeCore(runtime).stores.store.readEvents(run.runId);
     expect(events.some((e) => JSON.stringify(e.data).includes('chunk'))).toBe(false);
-    const history = await runtimeCore(runtime).history.read(run.runId, 'research');
+    const history = await runtimeCore(runtime).stores.history.read(run.runId, 'research');
     expect(history.at(-1)).toEqual({ role: 'assistant', content: answer });
   });
 

@@ -134,7 +134,7 @@ describe('the round trips of a granular turn', () => {
       );
       counted = countTrips(runtimeCore(runtime).redis);
       const run = await runtime.start(plan, 'Count.');
-      while ((await poll.scard(runtimeCore(runtime).keys.activeRuns())) > 0) {
+      while ((await poll.scard(runtimeCore(runtime).stores.keys.activeRuns())) > 0) {
         await new Promise((r) => setTimeout(r, 10));
       }
       const report = await runtime.status(run.runId);

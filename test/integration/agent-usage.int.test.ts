@@ -119,7 +119,7 @@ describe('usage of agent steps', () => {
       spentMicroUsd: 57,
     });
     // The journal knows which reservation each reply was charged to.
-    const reply = await runtimeCore(runtime).journal.get(run.runId, 'research', 0);
+    const reply = await runtimeCore(runtime).stores.journal.get(run.runId, 'research', 0);
     expect(reply?.reservationId).toBe(usage.reservations[0]!.id);
   });
 
@@ -169,14 +169,16 @@ describe('usage of agent steps', () => {
       await new Promise((r) => setTimeout(r, 10));
     const before = (await runtime.usage(run.runId)).reservations;
     expect(before).toHaveLength(2);
-    const job = await runtimeCore(runtime).queue.add(
+    const job = await runtimeCore(runtime).queues.queue.add(
       JobName.turn,
       { runId: run.runId, stepId: 'research', attempt: 1, turn: 0 },
       { jobId: `redo-${randomUUID()}` },
     );
     for (let i = 0; i < 200 && !(await job.isCompleted()); i++)
       await new Promise((r) => setTimeout(r, 10));
-    expect((await runtimeCore(runtime).queue.getJob(job.id!))?.returnvalue).toBe('turn-committed');
+    expect((await runtimeCore(runtime).queues.queue.getJob(job.id!))?.returnvalue).toBe(
+      'turn-committed',
+    );
     expect((await runtime.usage(run.runId)).reservations).toEqual(before);
     release();
     expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
@@ -249,14 +251,14 @@ describe('token estimates', () => {
     await start(agentWith(), {
       logger: { ...logger, info: (fields, message) => infos.push({ fields, message }) },
     });
-    expect(runtimeCore(runtime).tokens('gpt-4o-mini')).toMatchObject({
+    expect(runtimeCore(runtime).registry.tokens('gpt-4o-mini')).toMatchObject({
       exact: true,
       encoding: 'o200k_base',
     });
-    const guess = runtimeCore(runtime).tokens('llama-3-8b');
+    const guess = runtimeCore(runtime).registry.tokens('llama-3-8b');
     expect(guess).toMatchObject({ exact: false, encoding: null });
     expect(guess.countText('x'.repeat(41))).toBe(11);
-    expect(runtimeCore(runtime).tokens('llama-3-8b')).toBe(guess);
+    expect(runtimeCore(runtime).registry.tokens('llama-3-8b')).toBe(guess);
     expect(infos).toEqual([
       {
         fields: { model: 'llama-3-8b' },
@@ -276,20 +278,23 @@ describe('blobs and truncation', () => {
     );
     const run = await runtime.start(plan(), 'Go.');
     expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
-    const history = await runtimeCore(runtime).history.read(run.runId, 'research');
+    const history = await runtimeCore(runtime).stores.history.read(run.runId, 'research');
     const stored = history[2]!.content!;
     expect(stored).toMatch(/^<<FL_BLOB_REF:[0-9a-f]{64}:size=50\d{3}>>$/);
     // The model saw the whole result.
     const sent = model.requests[1]!.messages.find((m) => m.role === 'tool');
     expect(sent?.content).toBe(JSON.stringify({ q: 'big', text: words(50_000) }));
     expect(
-      await runtimeCore(runtime).redis.hget(runtimeCore(runtime).keys.blobs(run.runId), 'count'),
+      await runtimeCore(runtime).redis.hget(
+        runtimeCore(runtime).stores.keys.blobs(run.runId),
+        'count',
+      ),
     ).toBe('1');
     // The ledger records the reference, not a second copy of the 50 KB.
     const [entry, ...others] = await runtime.ledger(run.runId);
     expect(others).toEqual([]);
     expect(entry?.receipt).toEqual({ $flujoBlob: stored });
-    const ledgerKey = runtimeCore(runtime).keys.ledger(run.runId, 'default');
+    const ledgerKey = runtimeCore(runtime).stores.keys.ledger(run.runId, 'default');
     const ledgerBytes = Number(await runtimeCore(runtime).redis.call('MEMORY', 'USAGE', ledgerKey));
     expect(ledgerBytes).toBeGreaterThan(0);
     expect(ledgerBytes).toBeLessThan(5_000);
@@ -351,7 +356,7 @@ describe('blobs and truncation', () => {
     model.enqueue({ text: 'Done.' });
     const run = await runtime.start(plan({ historyMaxTokens: 500 }), 'The first question.');
     expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
-    const history = await runtimeCore(runtime).history.read(run.runId, 'research');
+    const history = await runtimeCore(runtime).stores.history.read(run.runId, 'research');
     expect(history).toHaveLength(1 + 2 * turns + 1);
     const last = model.requests.at(-1)!.messages;
     expect(last[0]).toEqual({ role: 'user', content: 'The first question.' });

@@ -97,14 +97,14 @@ describe('commit cost independent of run size', () => {
 
     // The snapshot is many small fields (but the step order, written once when the run was
     // created); the outputs are stored once, beside it.
-    const snapKey = runtimeCore(rt).keys.snap(run.runId);
+    const snapKey = runtimeCore(rt).stores.keys.snap(run.runId);
     const { plan: order, ...fields } = await redis.hgetall(snapKey);
     expect(order).toContain('"s199"');
     expect(Object.keys(fields).length).toBeGreaterThan(STEPS);
     for (const value of Object.values(fields)) expect(value.length).toBeLessThan(1024);
-    expect(await redis.hlen(runtimeCore(rt).keys.outputs(run.runId))).toBe(STEPS);
+    expect(await redis.hlen(runtimeCore(rt).stores.keys.outputs(run.runId))).toBe(STEPS);
     // The event stream names large outputs instead of copying them.
-    const entries = await redis.xrange(runtimeCore(rt).keys.events(run.runId), '-', '+');
+    const entries = await redis.xrange(runtimeCore(rt).stores.keys.events(run.runId), '-', '+');
     for (const [, flat] of entries) {
       expect(flat[flat.indexOf('d') + 1]!.length).toBeLessThan(4096);
     }

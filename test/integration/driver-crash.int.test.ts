@@ -151,7 +151,7 @@ async function waitFor<T>(
 
 /** Counts of committed events per type and per step, from the run's stream. */
 async function committed(runId: string) {
-  const events = await runtimeCore(rt).store.readEvents(runId);
+  const events = await runtimeCore(rt).stores.store.readEvents(runId);
   const succeeded = new Map<string, number>();
   for (const e of events) {
     if (e.type === 'step.succeeded') {
@@ -270,7 +270,7 @@ describe('driver: worker processes on one queue', () => {
     const byPid = new Map<number, number>();
     for (const e of execs) byPid.set(e.pid, (byPid.get(e.pid) ?? 0) + 1);
     expect([...byPid.keys()].sort()).toEqual([a.pid, b.pid].sort());
-    expect(await redis.scard(runtimeCore(rt).keys.activeRuns())).toBe(0);
+    expect(await redis.scard(runtimeCore(rt).stores.keys.activeRuns())).toBe(0);
 
     say(
       `[driver] 200 runs × 3 steps on 2 worker processes: ${elapsed} ms, ` +
@@ -366,8 +366,12 @@ describe('driver: a crash between commit and enqueue heals', () => {
       ['s2', 'READY', 1],
       ['s3', 'PENDING', 0],
     ]);
-    expect(await runtimeCore(rt).queue.getJob(stepJobId(run.runId, 's2', 1))).toBeUndefined();
-    expect(await runtimeCore(rt).queue.getJobState(stepJobId(run.runId, 's1', 1))).toBe('active');
+    expect(
+      await runtimeCore(rt).queues.queue.getJob(stepJobId(run.runId, 's2', 1)),
+    ).toBeUndefined();
+    expect(await runtimeCore(rt).queues.queue.getJobState(stepJobId(run.runId, 's1', 1))).toBe(
+      'active',
+    );
     return { victim, run };
   }
 
@@ -399,7 +403,9 @@ describe('driver: a crash between commit and enqueue heals', () => {
     expect(done.status).toBe('succeeded');
     await checkHealed(run.runId, victim.pid, healer.pid);
     // The crashed unit was not redelivered: recovery did it.
-    expect(await runtimeCore(rt).queue.getJobState(stepJobId(run.runId, 's1', 1))).toBe('active');
+    expect(await runtimeCore(rt).queues.queue.getJobState(stepJobId(run.runId, 's1', 1))).toBe(
+      'active',
+    );
     await expectIntact(rt, run.runId);
   }, 30_000);
 
@@ -410,7 +416,7 @@ describe('driver: a crash between commit and enqueue heals', () => {
     expect(done.status).toBe('succeeded');
     await checkHealed(run.runId, victim.pid, healer.pid);
     // The crashed s1 job came back, found s1 committed (the guard), and enqueued s2.
-    const job = await runtimeCore(rt).queue.getJob(stepJobId(run.runId, 's1', 1));
+    const job = await runtimeCore(rt).queues.queue.getJob(stepJobId(run.runId, 's1', 1));
     expect(job?.returnvalue).toBe('already-done');
     expect(await job?.getState()).toBe('completed');
     await expectIntact(rt, run.runId);
@@ -431,12 +437,20 @@ describe('driver: chained units', () => {
     // s1's job ran the whole line: s2 and s3 never had jobs of their own. settled() resolves on
     // the run's last commit, which the job makes a moment before it completes.
     const s1 = stepJobId(run.runId, 's1', 1);
-    for (let i = 0; i < 100 && (await runtimeCore(rt).queue.getJobState(s1)) === 'active'; i++) {
+    for (
+      let i = 0;
+      i < 100 && (await runtimeCore(rt).queues.queue.getJobState(s1)) === 'active';
+      i++
+    ) {
       await new Promise((resolve) => setTimeout(resolve, 20));
     }
-    expect(await runtimeCore(rt).queue.getJobState(s1)).toBe('completed');
-    expect(await runtimeCore(rt).queue.getJob(stepJobId(run.runId, 's2', 1))).toBeUndefined();
-    expect(await runtimeCore(rt).queue.getJob(stepJobId(run.runId, 's3', 1))).toBeUndefined();
+    expect(await runtimeCore(rt).queues.queue.getJobState(s1)).toBe('completed');
+    expect(
+      await runtimeCore(rt).queues.queue.getJob(stepJobId(run.runId, 's2', 1)),
+    ).toBeUndefined();
+    expect(
+      await runtimeCore(rt).queues.queue.getJob(stepJobId(run.runId, 's3', 1)),
+    ).toBeUndefined();
     const execs = executions().filter((e) => e.runId === run.runId);
     expect(execs.map((e) => [e.stepId, e.pid])).toEqual(STEPS.map((id) => [id, worker.pid]));
   }, 30_000);
@@ -460,7 +474,9 @@ describe('driver: chained units', () => {
     await waitFor('s2 to start', () =>
       executions().find((e) => e.runId === run.runId && e.stepId === 's2'),
     );
-    expect(await runtimeCore(rt).queue.getJob(stepJobId(run.runId, 's2', 1))).toBeUndefined();
+    expect(
+      await runtimeCore(rt).queues.queue.getJob(stepJobId(run.runId, 's2', 1)),
+    ).toBeUndefined();
     const late = await spawnWorker({ recoverOnStart: true });
     const done = await run.settled({ timeoutMs: 10_000 });
     expect(done.status).toBe('succeeded');
@@ -480,13 +496,17 @@ describe('driver: chained units', () => {
     );
     expect(exit).toEqual({ code: null, signal: 'SIGKILL' });
     // s1 committed with a note that its job carries s2: s2 has no job of its own.
-    const env = await runtimeCore(rt).store.load(run.runId);
+    const env = await runtimeCore(rt).stores.store.load(run.runId);
     expect(env.carrier).toBe(`${stepJobId(run.runId, 's1', 1)} ${stepJobId(run.runId, 's2', 1)}`);
-    expect(await runtimeCore(rt).queue.getJob(stepJobId(run.runId, 's2', 1))).toBeUndefined();
+    expect(
+      await runtimeCore(rt).queues.queue.getJob(stepJobId(run.runId, 's2', 1)),
+    ).toBeUndefined();
     // A worker that starts now, while the dead carrier's lock still holds, adds nothing: the
     // carrier's job comes back once its lock lapses, and its guard gives s2 a job.
     const healer = await spawnWorker({ recoveryMs: 1000, recoverOnStart: true });
-    expect(await runtimeCore(rt).queue.getJob(stepJobId(run.runId, 's2', 1))).toBeUndefined();
+    expect(
+      await runtimeCore(rt).queues.queue.getJob(stepJobId(run.runId, 's2', 1)),
+    ).toBeUndefined();
     const done = await run.settled({ timeoutMs: 10_000 });
     expect(done.status).toBe('succeeded');
     const c = await committed(run.runId);
@@ -497,7 +517,7 @@ describe('driver: chained units', () => {
       ['s2', healer.pid],
       ['s3', healer.pid],
     ]);
-    const job = await runtimeCore(rt).queue.getJob(stepJobId(run.runId, 's1', 1));
+    const job = await runtimeCore(rt).queues.queue.getJob(stepJobId(run.runId, 's1', 1));
     expect(job?.returnvalue).toBe('already-done');
     await expectIntact(rt, run.runId);
   }, 30_000);

@@ -244,7 +244,7 @@ describe('failures and retries', () => {
       [2, 150],
       [3, 300],
     ] as const) {
-      const job = await runtimeCore(rt).queue.getJob(retryJobId(run.runId, 'b', attempt));
+      const job = await runtimeCore(rt).queues.queue.getJob(retryJobId(run.runId, 'b', attempt));
       expect(job?.returnvalue).toBe('retry-due');
       expect(job?.opts.delay).toBeGreaterThan(delay - 50);
       expect(job?.opts.delay).toBeLessThanOrEqual(delay);
@@ -309,7 +309,7 @@ describe('failures and retries', () => {
     });
     // Taken out of the active runs right after the final commit (settled() resolves on it).
     await vi.waitFor(async () =>
-      expect(await redis.sismember(runtimeCore(rt).keys.activeRuns(), run.runId)).toBe(0),
+      expect(await redis.sismember(runtimeCore(rt).stores.keys.activeRuns(), run.runId)).toBe(0),
     );
   });
 });
@@ -321,7 +321,7 @@ describe('chained units', () => {
     const args = { cents: 250 };
     // Another worker holds the lease on b's call for 600 ms more, and has gone quiet.
     const callId = ledgerCallId({ tenantId, runId, stepId: 'b', tool: charge.identity, args });
-    await runtimeCore(rt).ledger.begin(
+    await runtimeCore(rt).stores.ledger.begin(
       { runId, stepId: 'b', tenantId, callId, tool: charge.identity, args },
       600,
     );
@@ -337,12 +337,12 @@ describe('chained units', () => {
     expect(done.status).toBe('succeeded');
     expect(done.summary.produced['b']).toEqual({ charged: 250 });
     // a's job went on with b, met the lease, handed b to a job of its own and ended.
-    expect((await runtimeCore(rt).queue.getJob(stepJobId(runId, 'a', 1)))?.returnvalue).toBe(
+    expect((await runtimeCore(rt).queues.queue.getJob(stepJobId(runId, 'a', 1)))?.returnvalue).toBe(
       'busy',
     );
     // The job completes a moment after its commit (settled() resolves on the commit).
     const own = await vi.waitFor(async () => {
-      const job = await runtimeCore(rt).queue.getJob(stepJobId(runId, 'b', 1));
+      const job = await runtimeCore(rt).queues.queue.getJob(stepJobId(runId, 'b', 1));
       expect(job?.returnvalue).toBe('succeeded');
       return job;
     });
@@ -350,7 +350,7 @@ describe('chained units', () => {
     // No attempt was spent: b ran twice as attempt 1, the tool once (after the lease lapsed).
     expect(stepsCalled(runId)).toEqual(['a#1', 'b#1', 'b#1']);
     expect(charges).toBe(1);
-    expect(await runtimeCore(rt).ledger.get(runId, tenantId, callId)).toMatchObject({
+    expect(await runtimeCore(rt).stores.ledger.get(runId, tenantId, callId)).toMatchObject({
       state: 'SUCCEEDED',
       runs: 2,
     });
@@ -698,13 +698,15 @@ describe('a restarted worker', () => {
         ),
       );
       // The jobs are lost (as after a crash between create and enqueue): only the index is left.
-      await runtimeCore(rt2).queue.drain(true);
-      expect(await runtimeCore(rt2).queue.getJobCounts('wait', 'delayed', 'active')).toEqual({
-        wait: 0,
-        delayed: 0,
-        active: 0,
-      });
-      expect(await redis.scard(runtimeCore(rt2).keys.activeRuns())).toBe(10);
+      await runtimeCore(rt2).queues.queue.drain(true);
+      expect(await runtimeCore(rt2).queues.queue.getJobCounts('wait', 'delayed', 'active')).toEqual(
+        {
+          wait: 0,
+          delayed: 0,
+          active: 0,
+        },
+      );
+      expect(await redis.scard(runtimeCore(rt2).stores.keys.activeRuns())).toBe(10);
 
       // A worker without start-up recovery has nothing to do.
       const idle = rt2.createWorker({ recoverOnStart: false, recoveryMs: 400 });
@@ -722,7 +724,7 @@ describe('a restarted worker', () => {
           expect(stepsCalled(h.runId)).toEqual(['a#1', 'b#1']);
         }
         await vi.waitFor(async () =>
-          expect(await redis.scard(runtimeCore(rt2).keys.activeRuns())).toBe(0),
+          expect(await redis.scard(runtimeCore(rt2).stores.keys.activeRuns())).toBe(0),
         );
       } finally {
         await w.close();

@@ -154,7 +154,7 @@ describe('fallback steps', () => {
       runtime.start(planOf({ fallback: { agent: 'writer' } }), null, { runId: 'r-refused' }),
     ).rejects.toThrow(/no agent "writer" is registered.*runtime\.agent/);
     expect(
-      await runtimeCore(runtime).redis.exists(runtimeCore(runtime).keys.snap('r-refused')),
+      await runtimeCore(runtime).redis.exists(runtimeCore(runtime).stores.keys.snap('r-refused')),
     ).toBe(0);
   });
 

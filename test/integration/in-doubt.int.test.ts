@@ -54,7 +54,7 @@ describe('an in-doubt tool call, resolved by a person', () => {
       tool: charge.identity,
       args,
     });
-    const { ledger } = runtimeCore(runtime);
+    const { ledger } = runtimeCore(runtime).stores;
     await ledger.prepare({
       runId: run.runId,
       stepId: 'pay',

@@ -207,7 +207,7 @@ describe('progress and idle work', () => {
       steps: [{ id: 'c', kind: 'operator', operator: 'count' }],
     });
     const heard: unknown[] = [];
-    const unsubscribe = await runtimeCore(rt).subscribeProgress(run.runId, (m) =>
+    const unsubscribe = await runtimeCore(rt).queues.subscribeProgress(run.runId, (m) =>
       heard.push((JSON.parse(m) as { info: unknown }).info),
     );
     worker = rt.createWorker({ concurrency: 1 });

@@ -218,10 +218,10 @@ describe('replay: reproduce, replay, regenerate, fork', () => {
     expect(got.integrity).toEqual({ ok: true, problems: [], differences: [] });
 
     // A planted difference: the stored e-mail receipt is edited behind the events' back.
-    const env = await runtimeCore(runtime).store.load(runId);
+    const env = await runtimeCore(runtime).stores.store.load(runId);
     const planted: RunSnapshot = structuredClone(env.snapshot);
     planted.children['email']!.snapshot.context.output = { messageId: 'forged' };
-    await runtimeCore(runtime).store.commit(runId, env.version, planted, []);
+    await runtimeCore(runtime).stores.store.commit(runId, env.version, planted, []);
     const checked = await runtime.replay(runId, { mode: 'reproduce' });
     expect(checked.integrity.ok).toBe(false);
     expect(checked.integrity.differences).toEqual([
@@ -400,8 +400,8 @@ describe('replay: reproduce, replay, regenerate, fork', () => {
     expect(JSON.stringify(last.messages)).toContain(BIG.slice(0, 200));
     const ref = (receipt!.receipt as { $flujoBlob: string }).$flujoBlob;
     const id = /FL_BLOB_REF:([0-9a-f]{64})/.exec(ref)![1]!;
-    const own = await runtimeCore(runtime).blobs.get(replayed.runId, id);
-    expect(own).toBe(await runtimeCore(runtime).blobs.get(run.runId, id));
+    const own = await runtimeCore(runtime).stores.blobs.get(replayed.runId, id);
+    expect(own).toBe(await runtimeCore(runtime).stores.blobs.get(run.runId, id));
     expect(own).toContain(BIG);
   });
 

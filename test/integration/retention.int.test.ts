@@ -170,7 +170,7 @@ describe('retention of finished runs', () => {
     expect(records.length).toBe(2);
     // Set right after the final commit, by the worker that made it.
     await until(
-      async () => (await redis.exists(runtimeCore(runtime).keys.removed(run.runId))) === 1,
+      async () => (await redis.exists(runtimeCore(runtime).stores.keys.removed(run.runId))) === 1,
     );
     const keys = await keysOf(run.runId, 'rk-1');
     const kinds = keys.map((k) => k.slice(k.indexOf('}') + 1));
@@ -198,9 +198,13 @@ describe('retention of finished runs', () => {
       else expect([key, ttl > 0 && ttl <= RETENTION_MS]).toEqual([key, true]);
     }
 
-    await until(async () => (await redis.exists(runtimeCore(runtime).keys.snap(run.runId))) === 0);
+    await until(
+      async () => (await redis.exists(runtimeCore(runtime).stores.keys.snap(run.runId))) === 0,
+    );
     await new Promise((ok) => setTimeout(ok, 100));
-    expect(await keysOf(run.runId, 'rk-1')).toEqual([runtimeCore(runtime).keys.removed(run.runId)]);
+    expect(await keysOf(run.runId, 'rk-1')).toEqual([
+      runtimeCore(runtime).stores.keys.removed(run.runId),
+    ]);
 
     const status = runtime.status(run.runId);
     await expect(status).rejects.toBeInstanceOf(RunRemovedError);
@@ -222,13 +226,13 @@ describe('retention of finished runs', () => {
     await expect(runtime.status('never-there')).rejects.not.toBeInstanceOf(RunRemovedError);
 
     // The tenant's reservation records (one HASH for every run) go with the next expiry in it.
-    const tenantRecords = runtimeCore(runtime).keys.reservations('default');
+    const tenantRecords = runtimeCore(runtime).stores.keys.reservations('default');
     expect(await redis.hmget(tenantRecords, ...records)).not.toContain(null);
     scriptAgent();
     const next = await runtime.start(agentPlan(), 'Go.');
     expect((await next.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
     await until(
-      async () => (await redis.exists(runtimeCore(runtime).keys.removed(next.runId))) === 1,
+      async () => (await redis.exists(runtimeCore(runtime).stores.keys.removed(next.runId))) === 1,
     );
     expect(await redis.hmget(tenantRecords, ...records)).toEqual([null, null]);
     expect(await redis.hlen(tenantRecords)).toBe(2);
@@ -246,12 +250,12 @@ describe('retention of finished runs', () => {
     for (const [key, ttl] of Object.entries(await ttls(keys))) {
       expect([key, ttl]).toEqual([key, -1]);
     }
-    expect(keys).not.toContain(runtimeCore(runtime).keys.removed(run.runId));
+    expect(keys).not.toContain(runtimeCore(runtime).stores.keys.removed(run.runId));
 
     await runtime.approve(run.runId, 'after', { by: 'ana' });
     expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
     await until(
-      async () => (await redis.exists(runtimeCore(runtime).keys.removed(run.runId))) === 1,
+      async () => (await redis.exists(runtimeCore(runtime).stores.keys.removed(run.runId))) === 1,
     );
     const after = await ttls(await keysOf(run.runId));
     expect(Object.values(after).every((ttl) => ttl > 0)).toBe(true);
@@ -265,7 +269,8 @@ describe('retention of finished runs', () => {
     expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('failed');
     // It leaves the active runs (after its expiry, if it gets one), as a finished run does.
     await until(
-      async () => (await redis.sismember(runtimeCore(runtime).keys.activeRuns(), run.runId)) === 0,
+      async () =>
+        (await redis.sismember(runtimeCore(runtime).stores.keys.activeRuns(), run.runId)) === 0,
     );
     return {
       runId: run.runId,
@@ -276,7 +281,7 @@ describe('retention of finished runs', () => {
   it('a failed run keeps every key by default and stays listed; resumed, it gets the expiry once it succeeds', async () => {
     const first = await startWorker();
     const run = await failedRun();
-    const { keys } = runtimeCore(runtime);
+    const { keys } = runtimeCore(runtime).stores;
     // No worker while the keys are looked at: nothing else happens to the run meanwhile.
     await first.close();
     const failed = await ttls(await keysOf(run.runId));
@@ -314,7 +319,7 @@ describe('retention of finished runs', () => {
   it('a failed run that is cancelled ends cancelled and gets the expiry of finished runs', async () => {
     const first = await startWorker();
     const run = await failedRun();
-    const { keys } = runtimeCore(runtime);
+    const { keys } = runtimeCore(runtime).stores;
     expect(await redis.pttl(keys.snap(run.runId))).toBe(-1);
     const report = await runtime.cancel(run.runId, { by: 'ana', reason: 'not needed' });
     expect(report.status).toBe('cancelled');
@@ -340,7 +345,7 @@ describe('retention of finished runs', () => {
     await restart({ finishedRunsMs: RETENTION_MS, failedRunsMs: FAILED_MS });
     const first = await startWorker();
     const run = await failedRun();
-    const { keys } = runtimeCore(runtime);
+    const { keys } = runtimeCore(runtime).stores;
     await first.close();
     const failed = await ttls(await keysOf(run.runId));
     expect(Object.keys(failed).length).toBeGreaterThan(8);
@@ -384,7 +389,7 @@ describe('retention of finished runs', () => {
     await restart({ finishedRunsMs: RETENTION_MS, failedRunsMs: 500 });
     await startWorker();
     const run = await failedRun();
-    const { keys } = runtimeCore(runtime);
+    const { keys } = runtimeCore(runtime).stores;
     await until(async () => (await redis.exists(keys.snap(run.runId))) === 0);
     const status = runtime.status(run.runId);
     await expect(status).rejects.toBeInstanceOf(RunRemovedError);
@@ -404,16 +409,16 @@ describe('retention of finished runs', () => {
     await first.close();
     // The state a crash right after the final commit leaves: no expiry, still listed as active.
     for (const key of await keysOf(run.runId)) await redis.persist(key);
-    await redis.del(runtimeCore(runtime).keys.removed(run.runId));
-    await redis.sadd(runtimeCore(runtime).keys.activeRuns(), run.runId);
+    await redis.del(runtimeCore(runtime).stores.keys.removed(run.runId));
+    await redis.sadd(runtimeCore(runtime).stores.keys.activeRuns(), run.runId);
 
     await startWorker();
     const healed = await ttls(await keysOf(run.runId));
     expect(Object.values(healed).every((ttl) => ttl > 0)).toBe(true);
     expect(healed).toHaveProperty(
-      runtimeCore(runtime).keys.removed(run.runId).slice(prefix.length),
+      runtimeCore(runtime).stores.keys.removed(run.runId).slice(prefix.length),
     );
-    expect(await redis.sismember(runtimeCore(runtime).keys.activeRuns(), run.runId)).toBe(0);
+    expect(await redis.sismember(runtimeCore(runtime).stores.keys.activeRuns(), run.runId)).toBe(0);
   });
 
   it('refuses a retention that is not a positive number of ms, naming the field, before connecting', async () => {
@@ -447,9 +452,9 @@ describe('retention of finished runs', () => {
     for (const retention of [{ failedRunsMs: 1 }, { finishedRunsMs: 1000, failedRunsMs: 2.5 }]) {
       await createRuntime({ redis: redisUrl(), prefix, retention }).close();
     }
-    expect(runtimeCore(runtime).retention.failedRunsMs).toBeNull();
+    expect(runtimeCore(runtime).stores.retention.failedRunsMs).toBeNull();
     // Queue job records are bounded by age as well as by count.
-    expect(runtimeCore(runtime).queue.defaultJobOptions.removeOnComplete).toMatchObject({
+    expect(runtimeCore(runtime).queues.queue.defaultJobOptions.removeOnComplete).toMatchObject({
       age: expect.any(Number) as number,
     });
   });

@@ -124,7 +124,7 @@ describe('spans recorded after the fact', () => {
     expect(runs).toHaveLength(1);
     const root = runs[0]!;
     // The ids the run was started with: every span of the run is in its trace, steps its children.
-    const traceparent = (await runtime.core.meta(run.runId)).trace!;
+    const traceparent = (await runtime.core.meta.read(run.runId)).trace!;
     expect(traceparent).toBe(`00-${root.spanContext().traceId}-${root.spanContext().spanId}-01`);
     expect(root.parentSpanContext).toBeUndefined();
     expect(root.attributes).toMatchObject({

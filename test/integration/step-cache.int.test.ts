@@ -257,9 +257,9 @@ describe('stable nondeterministic steps', () => {
         allowCacheHit: 'yes' as unknown as boolean,
       }),
     ).rejects.toThrow(/allowCacheHit: must be true or false/);
-    expect(await runtimeCore(runtime).redis.exists(runtimeCore(runtime).keys.snap('r-bad'))).toBe(
-      0,
-    );
+    expect(
+      await runtimeCore(runtime).redis.exists(runtimeCore(runtime).stores.keys.snap('r-bad')),
+    ).toBe(0);
   });
 });
 

@@ -76,7 +76,7 @@ describe('onStepFailure', () => {
         // What the run's stream holds when the hook is called: the failure is already there.
         committedAtCall.push(
           runtimeCore(rt)
-            .store.readEvents(failure.runId)
+            .stores.store.readEvents(failure.runId)
             .then(
               (events) =>
                 events.filter(

@@ -70,7 +70,7 @@ const plan = (timeoutMs: number): PlanInput => ({
 });
 
 async function failuresOf(runId: string): Promise<{ attempt: unknown; code: unknown }[]> {
-  const events = await runtimeCore(rt).store.readEvents(runId);
+  const events = await runtimeCore(rt).stores.store.readEvents(runId);
   return events
     .filter((e) => e.type === 'step.failed')
     .map((e) => ({ attempt: e.data['attempt'], code: (e.data['error'] as { code: string }).code }));

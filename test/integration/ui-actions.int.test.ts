@@ -342,7 +342,7 @@ describe('acting on a run from its page', () => {
     expect(end.tenantId).toBe('acme');
     expect(calls.draft).toBe(2);
     expect(calls.inputs).toEqual([{ topic: 'q3 <numbers>' }, { topic: 'q3 <numbers>' }]);
-    expect((await runtimeCore(runtime).meta(second)).input).toEqual({ topic: 'q3 <numbers>' });
+    expect((await runtimeCore(runtime).meta.read(second)).input).toEqual({ topic: 'q3 <numbers>' });
     const listed = await runtime.list();
     expect(listed.map((r) => r.runId).sort()).toEqual([first.runId, second].sort());
     // The original is as it was.
@@ -364,7 +364,7 @@ describe('acting on a run from its page', () => {
     await worker.close();
     const run = await runtime.start(reportPlan, null);
     // The queued unit is lost (a flushed queue, say): no worker would ever take the run.
-    const queue = runtimeCore(runtime).queue;
+    const queue = runtimeCore(runtime).queues.queue;
     await queue.drain(true);
     expect((await queue.getJobCounts('waiting', 'delayed', 'prioritized')).waiting).toBe(0);
     const { page, errors } = await openPage(`/runs/${run.runId}`);

@@ -430,7 +430,7 @@ describe('a run page', () => {
     // The job module, as `flujo run` records it; a second run records none.
     const core = runtimeCore(runtime);
     const module = '/srv/jobs/my report.ts';
-    await writeMetaField(core.redis, core.keys, run.runId, RUN_MODULE_FIELD, module);
+    await writeMetaField(core.redis, core.stores.keys, run.runId, RUN_MODULE_FIELD, module);
     const unrecorded = await runtime.start(reportPlan, null);
     const { page, errors } = await openPage(`/runs/${run.runId}`);
     let loads = 0;

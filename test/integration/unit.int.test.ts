@@ -29,7 +29,8 @@ import {
 import { StepTimeoutError } from '../../src/errors.js';
 import { silentLogger } from '../../src/logging.js';
 import type { RunEventRecord } from '../../src/persistence/snapshot-store.js';
-import { abortMessage, RuntimeCore } from '../../src/actors/core.js';
+import { RuntimeCore } from '../../src/actors/core.js';
+import { abortMessage } from '../../src/actors/runtime-queues.js';
 import { JobName, type JobData } from '../../src/actors/jobs.js';
 import { deleteRuntimeKeys, redisUrl } from '../helpers/redis.js';
 import { scriptedAgent, useScriptedModel } from '../helpers/scripted-agent.js';
@@ -83,9 +84,9 @@ describe('the unit host, phase by phase', () => {
     ran = [];
     runtime = createRuntime({ redis: redisUrl(), prefix, logger: silentLogger });
     core = new RuntimeCore({ redis: redisUrl(), prefix, logger: silentLogger });
-    core.operators.set('callsRecord', callsRecord);
-    core.operators.set('echo', (ctx) => ({ from: ctx.deps }));
-    core.tools.register(record);
+    core.registry.operators.set('callsRecord', callsRecord);
+    core.registry.operators.set('echo', (ctx) => ({ from: ctx.deps }));
+    core.registry.tools.register(record);
     host = createUnitHost(core, { leaseMs: 5000, identity });
   });
   afterEach(async () => {
@@ -220,8 +221,8 @@ describe('the unit host: one turn of a granular agent step', () => {
     });
     runtime = createRuntime({ redis: redisUrl(), prefix, logger: silentLogger });
     core = new RuntimeCore({ redis: redisUrl(), prefix, logger: silentLogger });
-    core.agents.set('recorder', agent);
-    core.tools.register(record);
+    core.registry.agents.set('recorder', agent);
+    core.registry.tools.register(record);
     host = createUnitHost(core, { leaseMs: 5000, identity });
   });
   afterEach(async () => {

@@ -181,7 +181,7 @@ describe('the meter, with a reservation prepared ahead', () => {
     return reply;
   };
   const states = async () =>
-    (await runtimeCore(runtime).quota.list('default', runId)).map((r) => [
+    (await runtimeCore(runtime).stores.quota.list('default', runId)).map((r) => [
       r.turn,
       r.state,
       r.outcome,
@@ -231,7 +231,7 @@ describe('the meter, with a reservation prepared ahead', () => {
     expect(await states()).toEqual([[2, 'reserved', null]]);
     await meter.release(runId, 'loop', 2);
     expect(await states()).toEqual([[2, 'reconciled', 'none']]);
-    const totals = await runtimeCore(runtime).quota.usage('default', runId);
+    const totals = await runtimeCore(runtime).stores.quota.usage('default', runId);
     expect(totals).toMatchObject({ reservedTokens: 0, spentTokens: 0 });
   });
 });

@@ -210,7 +210,7 @@ describe('usage conservation across SIGKILLs', () => {
     // Each reservation charged either a reply's usage exactly, the baseline, or nothing.
     expect(all.filter((r) => r.outcome === 'usage').length).toBe(answered.length);
     expect(all.every((r) => r.charged !== null)).toBe(true);
-    const tenant = await runtimeCore(rt).quota.usage('default');
+    const tenant = await runtimeCore(rt).stores.quota.usage('default');
     expect(tenant).toMatchObject({ reservedTokens: 0, spentTokens: spent });
   }, 180_000);
 });

@@ -115,7 +115,7 @@ describe('reopenedSteps', () => {
 });
 
 describe('authorize', () => {
-  const core = stubCore({ meta: () => Promise.resolve({ plan: gated }) });
+  const core = stubCore({ meta: { read: () => Promise.resolve({ plan: gated }) } });
 
   it("refuses a name the gate's approvers do not list", async () => {
     const error = await caught(authorize(core, undefined, 'r1', 'send', 'bo', 'approve'));
@@ -144,7 +144,7 @@ describe('authorize', () => {
 describe('decide and skipStep refuse before they write', () => {
   const { snapshot } = traceTransitions(line, []);
   const env = { snapshot, version: 1, updatedAt: 0 };
-  const core = stubCore({ store: { load: () => Promise.resolve(env) } });
+  const core = stubCore({ stores: { store: { load: () => Promise.resolve(env) } } });
 
   it('refuses a decision without a name before it reads the run', async () => {
     const error = await caught(
@@ -194,10 +194,12 @@ describe('tenant quotas', () => {
   it('sets the quota and answers in USD', async () => {
     const given: unknown[] = [];
     const core = stubCore({
-      quota: {
-        setTenantQuota: (tenantId: string, quota: unknown) => {
-          given.push([tenantId, quota]);
-          return Promise.resolve({ maxTokens: 5, maxMicroUsd: 250_000 });
+      stores: {
+        quota: {
+          setTenantQuota: (tenantId: string, quota: unknown) => {
+            given.push([tenantId, quota]);
+            return Promise.resolve({ maxTokens: 5, maxMicroUsd: 250_000 });
+          },
         },
       },
     });

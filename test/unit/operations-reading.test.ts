@@ -90,8 +90,10 @@ describe('reading a run from the core', () => {
 
   it('refuses a run that does not exist with the error the core gives', async () => {
     const core = stubCore({
-      store: { tryLoad: () => Promise.resolve(null) },
-      notFound: (runId: string) => Promise.resolve(new RunNotFoundError(runId)),
+      stores: {
+        store: { tryLoad: () => Promise.resolve(null) },
+        notFound: (runId: string) => Promise.resolve(new RunNotFoundError(runId)),
+      },
     });
     expect(await caught(loadRun(core, 'r1'))).toBeInstanceOf(RunNotFoundError);
     expect(await caught(readSnapshot(core, 'r1'))).toBeInstanceOf(RunNotFoundError);
@@ -101,10 +103,12 @@ describe('reading a run from the core', () => {
 
   it("reads a run's usage from the tenant's quota store", async () => {
     const core = stubCore({
-      meta: () => Promise.resolve(meta),
-      quota: {
-        list: (tenantId: string, runId: string) => Promise.resolve([{ tenantId, runId }]),
-        usage: () => Promise.resolve({ spentTokens: 3 }),
+      meta: { read: () => Promise.resolve(meta) },
+      stores: {
+        quota: {
+          list: (tenantId: string, runId: string) => Promise.resolve([{ tenantId, runId }]),
+          usage: () => Promise.resolve({ spentTokens: 3 }),
+        },
       },
     });
     expect(await readUsage(core, 'r1')).toEqual({
@@ -118,11 +122,13 @@ describe('reading a run from the core', () => {
   it("reads the run's own ledger when no step has key inputs", async () => {
     const scopes: string[] = [];
     const core = stubCore({
-      meta: () => Promise.resolve(meta),
-      ledger: {
-        list: (scope: string) => {
-          scopes.push(scope);
-          return Promise.resolve([{ callId: 'c1' }]);
+      meta: { read: () => Promise.resolve(meta) },
+      stores: {
+        ledger: {
+          list: (scope: string) => {
+            scopes.push(scope);
+            return Promise.resolve([{ callId: 'c1' }]);
+          },
         },
       },
     });

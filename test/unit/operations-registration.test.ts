@@ -11,9 +11,9 @@ import {
 } from '../../src/operations/registration.js';
 import { createToolRegistry } from '../../src/tools/registry.js';
 import { defineTool } from '../../src/tools/define-tool.js';
-import { stubCore } from '../helpers/core-stub.js';
+import type { RuntimeRegistry } from '../../src/actors/runtime-registry.js';
 
-/** The registries of a core, and nothing else. */
+/** A runtime's registry with its maps and its tools, and nothing else. */
 function registries() {
   const members = {
     operators: new Map<string, unknown>(),
@@ -23,7 +23,7 @@ function registries() {
     policies: new Map<string, unknown>(),
     tools: createToolRegistry(),
   };
-  return { members, core: stubCore(members) };
+  return { members, registry: members as unknown as RuntimeRegistry };
 }
 
 const op = () => Promise.resolve(null);
@@ -60,33 +60,33 @@ describe('checkVersion', () => {
 
 describe('registering one by one', () => {
   it('keeps an operator and its version; a new registration without one drops the old version', () => {
-    const { core, members } = registries();
-    registerOperator(core, 'fetch', op, { version: '1' });
+    const { registry, members } = registries();
+    registerOperator(registry, 'fetch', op, { version: '1' });
     expect(members.operators.get('fetch')).toBe(op);
     expect(members.operatorVersions.get('fetch')).toBe('1');
-    registerOperator(core, 'fetch', op, undefined);
+    registerOperator(registry, 'fetch', op, undefined);
     expect(members.operatorVersions.has('fetch')).toBe(false);
   });
 
   it('refuses an operator without a name or a function', () => {
-    const { core } = registries();
-    expect(() => registerOperator(core, '', op, undefined)).toThrow(
+    const { registry } = registries();
+    expect(() => registerOperator(registry, '', op, undefined)).toThrow(
       'register an operator as runtime.operator(name, async (ctx) => result)',
     );
-    expect(() => registerOperator(core, 'x', 'nope' as never, undefined)).toThrow(
+    expect(() => registerOperator(registry, 'x', 'nope' as never, undefined)).toThrow(
       InputValidationError,
     );
   });
 
   it('refuses a second policy or agent of one name', () => {
-    const { core, members } = registries();
-    registerPolicy(core, 'gdpr', allow, { appliesTo: { tags: ['pii'] } });
+    const { registry, members } = registries();
+    registerPolicy(registry, 'gdpr', allow, { appliesTo: { tags: ['pii'] } });
     expect(members.policies.has('gdpr')).toBe(true);
-    expect(() => registerPolicy(core, 'gdpr', allow, undefined)).toThrow(ConfigurationError);
+    expect(() => registerPolicy(registry, 'gdpr', allow, undefined)).toThrow(ConfigurationError);
     const agent = defineAgent(writer);
-    registerAgent(core, agent, { version: '3' });
+    registerAgent(registry, agent, { version: '3' });
     expect(members.agentVersions.get('writer')).toBe('3');
-    expect(() => registerAgent(core, agent, undefined)).toThrow(
+    expect(() => registerAgent(registry, agent, undefined)).toThrow(
       'an agent named "writer" is already registered; give each agent its own name',
     );
   });
@@ -94,9 +94,9 @@ describe('registering one by one', () => {
 
 describe('registerAll', () => {
   it("registers what the runtime's options name", () => {
-    const { core, members } = registries();
+    const { registry, members } = registries();
     const tool = defineTool({ name: 'lookup', input: z.object({}), run: () => 'x' });
-    registerAll(core, {
+    registerAll(registry, {
       operators: { fetch: op },
       tools: [tool],
       agents: [defineAgent(writer)],

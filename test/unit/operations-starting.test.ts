@@ -9,14 +9,14 @@ const plan = { name: 'one', steps: [{ id: 'a', kind: 'operator' as const, operat
 
 describe('beginRun', () => {
   it('refuses an input that is not plain JSON before it writes anything', async () => {
-    const core = stubCore({ plans: new PlanCache(10) });
+    const core = stubCore({ meta: { plans: new PlanCache(10) } });
     const error = await caught(beginRun(core, plan, { when: new Date(0) }));
     expect(error).toBeInstanceOf(InputValidationError);
     expect((error as Error).message).toContain('Invalid run input');
   });
 
   it('refuses a plan that does not parse, naming the field', async () => {
-    const core = stubCore({ plans: new PlanCache(10) });
+    const core = stubCore({ meta: { plans: new PlanCache(10) } });
     const error = await caught(beginRun(core, JSON.stringify({ name: 'one', steps: 'none' })));
     expect(error).toBeInstanceOf(PlanValidationError);
     expect((error as PlanValidationError).issues[0]?.path).toContain('steps');
@@ -26,8 +26,10 @@ describe('beginRun', () => {
 describe('attachRun and runHandle', () => {
   it('refuses a run that does not exist', async () => {
     const core = stubCore({
-      store: { tryLoad: () => Promise.resolve(null) },
-      notFound: (runId: string) => Promise.resolve(new RunNotFoundError(runId)),
+      stores: {
+        store: { tryLoad: () => Promise.resolve(null) },
+        notFound: (runId: string) => Promise.resolve(new RunNotFoundError(runId)),
+      },
     });
     const error = await caught(attachRun(core, 'gone'));
     expect(error).toBeInstanceOf(RunNotFoundError);
@@ -35,7 +37,9 @@ describe('attachRun and runHandle', () => {
   });
 
   it('hands back a run that exists, as found rather than created', async () => {
-    const core = stubCore({ store: { tryLoad: () => Promise.resolve({ snapshot: {} }) } });
+    const core = stubCore({
+      stores: { store: { tryLoad: () => Promise.resolve({ snapshot: {} }) } },
+    });
     const handle = await attachRun(core, 'r1');
     expect(handle).toMatchObject({ runId: 'r1', created: false });
     expect(runHandle(core, 'r2', true)).toMatchObject({ runId: 'r2', created: true });

@@ -81,6 +81,10 @@ const internal = [
   'AGENT_LOOP_DEFAULTS',
   'runtimeCore',
   'RuntimeCore',
+  'RuntimeStores',
+  'RuntimeQueues',
+  'RuntimeRegistry',
+  'RuntimeMeta',
   // published from flujo/testing instead
   'startEmbeddedRedis',
   'ensureEmbeddedRedis',

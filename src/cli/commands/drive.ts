@@ -49,7 +49,7 @@ async function liveView(
   };
   const unsubscribe: (() => void)[] = [];
   unsubscribe.push(
-    await runtimeCore(runtime).subscribeProgress(runId, (message) => {
+    await runtimeCore(runtime).queues.subscribeProgress(runId, (message) => {
       if (options.json) return line(JSON.stringify({ type: 'progress', ...JSON.parse(message) }));
       const p = JSON.parse(message) as { stepId: string; at: number; info: unknown };
       line(`  ${progressClock(p.at)}  ${p.stepId}: progress ${JSON.stringify(p.info)}`);
@@ -57,7 +57,7 @@ async function liveView(
   );
   if (options.quiet !== true) {
     unsubscribe.push(
-      await runtimeCore(runtime).subscribeChunks(runId, (message) => {
+      await runtimeCore(runtime).queues.subscribeChunks(runId, (message) => {
         const c = JSON.parse(message) as { stepId: string; turn: number; text: string; at: number };
         if (options.json) return line(JSON.stringify({ type: 'chunk', ...c }));
         const who = `${c.stepId}:${c.turn}`;

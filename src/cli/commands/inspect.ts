@@ -146,7 +146,7 @@ export async function cmdInspect(ctx: Ctx): Promise<number> {
   const url = json ? undefined : inspectorUrl(ctx);
   return withRun(ctx, runId, async (conn) => {
     const runtime = conn.runtime();
-    const { plan } = await runtimeCore(runtime).meta(runId);
+    const { plan } = await runtimeCore(runtime).meta.read(runId);
     const stop = new AbortController();
     let lost = false;
     let sink: Sink;

@@ -101,7 +101,9 @@ export async function cmdEvents(ctx: Ctx): Promise<number> {
         after = batch.at(-1)?.id ?? after;
         const finished = batch.some((e) => e.type === 'run.finished');
         if (ctx.values.follow !== true || finished || stop.signal.aborted) break;
-        await core.watcher().next(core.keys.events(runId), after ?? '0-0', stop.signal);
+        await core.queues
+          .watcher()
+          .next(core.stores.keys.events(runId), after ?? '0-0', stop.signal);
       }
     } finally {
       process.off('SIGINT', onSignal);

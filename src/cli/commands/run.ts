@@ -130,7 +130,11 @@ export async function cmdRun(ctx: Ctx): Promise<number> {
       }
       if (!handle.created) {
         checkSamePlan(await handle.status(), job);
-        warnIfPlanChanged(handle.runId, (await runtimeCore(runtime).meta(handle.runId)).plan, job);
+        warnIfPlanChanged(
+          handle.runId,
+          (await runtimeCore(runtime).meta.read(handle.runId)).plan,
+          job,
+        );
       }
       const next = nextCommands(handle.runId, job.file, repeatFlags(v));
       if (handle.created)
@@ -182,7 +186,7 @@ export async function cmdResume(ctx: Ctx): Promise<number> {
     async (conn, runtime) => {
       await conn.requireRun(runId);
       checkSamePlan(await runtime.status(runId), job);
-      warnIfPlanChanged(runId, (await runtimeCore(runtime).meta(runId)).plan, job);
+      warnIfPlanChanged(runId, (await runtimeCore(runtime).meta.read(runId)).plan, job);
       const next = nextCommands(runId, job.file, repeatFlags(v));
       const resume = next.resume;
       const teardown = await runSetup(job, ctx.cwd, runtime);

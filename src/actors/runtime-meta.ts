@@ -1,0 +1,121 @@
+import { InputValidationError } from '../errors.js';
+import type { JsonValue } from '../internal/json.js';
+import { PlanCache } from '../plan/plan-cache.js';
+import type { Plan } from '../plan/schema.js';
+import type { RunCacheOptions } from '../execution/step-cache.js';
+import { replayOriginOf, type ReplayOrigin } from '../execution/replay-calls.js';
+import type { RuntimeStores } from './runtime-stores.js';
+
+/** What a run was started with, as stored beside it. */
+export interface RunMeta {
+  plan: Plan;
+  input: JsonValue;
+  tenantId: string;
+  requestKey: string | null;
+  /** The run's trace context (a W3C `traceparent`), or null for a run started without one. */
+  trace: string | null;
+  /**
+   * The span the run's span is recorded under when the run ends ('' for none); null when its
+   * span was recorded at its start.
+   */
+  traceCaller: string | null;
+  createdAt: number;
+  /** What the start said about cached step outputs. */
+  cache: RunCacheOptions;
+  /** What the run replays, when it is a replay of another run. */
+  replay: ReplayOrigin | null;
+}
+
+/**
+ * The runs' metadata: what each run was started with (read once per process and kept, as it
+ * never changes), the plans parsed here, and the expiry of a run's keys that follows from its
+ * meta when it ends or is resumed.
+ */
+export class RuntimeMeta {
+  /** Plans parsed by this process (started here, or read back from a run's meta), by their text. */
+  readonly plans = new PlanCache(1000);
+  readonly #metaCache = new Map<string, RunMeta>();
+  readonly #metaLoads = new Map<string, Promise<RunMeta>>();
+  readonly #stores: RuntimeStores;
+  readonly #tenantId: string;
+
+  /** `tenantId` is the tenant of a run whose meta names none. */
+  constructor(stores: RuntimeStores, tenantId: string) {
+    this.#stores = stores;
+    this.#tenantId = tenantId;
+  }
+
+  /** The run's plan, input and tenant (cached: they never change). */
+  async read(runId: string): Promise<RunMeta> {
+    const cached = this.#metaCache.get(runId);
+    if (cached !== undefined) return cached;
+    // One read for the callers that ask at once (a unit's guard and a status report, say).
+    let loading = this.#metaLoads.get(runId);
+    if (loading === undefined) {
+      loading = this.#stores.store
+        .loadMeta(runId)
+        .then((raw) => {
+          if (raw['plan'] === undefined) {
+            throw new InputValidationError('run meta', [
+              { path: 'plan', message: `run "${runId}" has no stored plan` },
+            ]);
+          }
+          return this.remember(runId, raw, this.plans.parse(raw['plan']));
+        })
+        .finally(() => this.#metaLoads.delete(runId));
+      this.#metaLoads.set(runId, loading);
+    }
+    return loading;
+  }
+
+  /**
+   * Keeps the meta of a run as stored (`raw`, its fields), with its plan parsed: what {@link read}
+   * reads back, kept by the process that started the run so that its workers need not read it.
+   */
+  remember(runId: string, raw: Readonly<Record<string, string>>, plan: Plan): RunMeta {
+    const meta: RunMeta = {
+      plan,
+      input: JSON.parse(raw['input'] ?? 'null') as JsonValue,
+      tenantId: raw['tenantId'] ?? this.#tenantId,
+      requestKey: raw['requestKey'] ?? null,
+      trace: raw['trace'] ?? null,
+      traceCaller: raw['traceCaller'] ?? null,
+      createdAt: Number(raw['createdAt'] ?? 0),
+      cache: {
+        allowCacheHit: raw['allowCacheHit'] === '1',
+        refresh: raw['refreshCache'] === '1',
+      },
+      replay: replayOriginOf(raw),
+    };
+    if (this.#metaCache.size > 10_000) this.#metaCache.clear();
+    this.#metaCache.set(runId, meta);
+    return meta;
+  }
+
+  /**
+   * A run that ended (succeeded, failed, cancelled): its keys get their expiry (none for a failed
+   * run without `retention.failedRunsMs`: it is kept until resumed), then it leaves the active
+   * runs either way (a failed run that is resumed joins them again). In that order: a crash in
+   * between leaves it active, so the next worker start (or a redelivered job) comes here again and
+   * finishes the job.
+   */
+  async ended(runId: string): Promise<void> {
+    const meta = await this.read(runId);
+    await this.#stores.retention.expireFinished(runId, {
+      tenantId: meta.tenantId,
+      stepIds: meta.plan.steps.map((s) => s.id),
+      requestKey: meta.requestKey === '' ? null : meta.requestKey,
+    });
+    await this.#stores.activeRuns.remove(runId);
+  }
+
+  /** A resumed run: it keeps its keys again (no expiry). */
+  async resumed(runId: string): Promise<void> {
+    const meta = await this.read(runId);
+    await this.#stores.retention.keep(runId, {
+      tenantId: meta.tenantId,
+      stepIds: meta.plan.steps.map((s) => s.id),
+      requestKey: meta.requestKey === '' ? null : meta.requestKey,
+    });
+  }
+}

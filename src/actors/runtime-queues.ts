@@ -1,0 +1,262 @@
+import { Queue } from 'bullmq';
+import type { Redis } from 'ioredis';
+import type { AppliedEvent } from './run-host.js';
+import type { StreamedText } from '../execution/ports.js';
+import type { JsonValue } from '../internal/json.js';
+import type { RunSnapshot } from '../machines/kernel.js';
+import type { PlannedAction } from '../machines/types.js';
+import type { Plan } from '../plan/schema.js';
+import type { Keys } from '../persistence/keys.js';
+import { createStreamWatcher, type StreamWatcher } from '../persistence/stream-watcher.js';
+import { createRunChannels, type RunChannels } from '../persistence/run-channels.js';
+import type { RuntimeMeta } from './runtime-meta.js';
+import {
+  dueJobs,
+  JobName,
+  parseCarrierNote,
+  deadlineJobId,
+  plannedJobs,
+  type JobData,
+  type JobSpec,
+} from './jobs.js';
+
+/** The abort-channel message naming one running attempt. */
+export function abortMessage(runId: string, stepId: string, attempt: number): string {
+  return `${runId}\n${stepId}\n${attempt}`;
+}
+
+const JOB_DEFAULTS = {
+  // Completed ids are kept a while so that a re-add of the same unit is a no-op (a re-add after
+  // that is harmless too: the job's guard finds the unit done); at most a day, at most 20 000.
+  removeOnComplete: { age: 24 * 3600, count: 20_000 },
+  removeOnFail: { age: 7 * 24 * 3600, count: 20_000 },
+  // Our processor throws only for infrastructure trouble (step failures are events): retry it.
+  attempts: 25,
+  backoff: { type: 'exponential', delay: 100 },
+};
+
+/** What a runtime's queues are built with. */
+export interface RuntimeQueuesOptions {
+  /** The runtime's connection: channels publish on it; the watcher duplicates it. */
+  redis: Redis;
+  /** The connection the BullMQ queue uses (the caller's to close). */
+  queueConnection: Redis;
+  /** Opens the subscriber connection, on the first subscription (closed by {@link RuntimeQueues.close}). */
+  openSubscriber: () => Redis;
+  /** The names of the runtime's keys. */
+  keys: Keys;
+  /** The BullMQ queue name. */
+  queueName: string;
+  /** The runtime's clock, epoch ms. */
+  clock: () => number;
+  /** The runs' metadata: a run that ended gets its expiry from it. */
+  meta: RuntimeMeta;
+}
+
+/**
+ * How work and news leave a runtime: the BullMQ queue and the jobs added to it (due units,
+ * planned units, deadlines), the pub/sub channels (aborts, streamed text, progress) with one
+ * subscriber connection for every listener, and the watcher of runs' event streams.
+ */
+export class RuntimeQueues {
+  /** The BullMQ queue name. */
+  readonly queueName: string;
+  /** Aborts, streamed text and progress, published live. */
+  readonly channels: RunChannels;
+  #queue: Queue | undefined;
+  #watcher: StreamWatcher | undefined;
+  #subscriber: Redis | undefined;
+  readonly #listeners = new Map<string, Set<(message: string) => void>>();
+  readonly #redis: Redis;
+  readonly #queueConnection: Redis;
+  readonly #openSubscriber: () => Redis;
+  readonly #keys: Keys;
+  readonly #clock: () => number;
+  readonly #meta: RuntimeMeta;
+
+  /** Opens nothing: the queue, the subscriber and the watcher are made on first use. */
+  constructor(options: RuntimeQueuesOptions) {
+    this.#redis = options.redis;
+    this.#queueConnection = options.queueConnection;
+    this.#openSubscriber = options.openSubscriber;
+    this.#keys = options.keys;
+    this.queueName = options.queueName;
+    this.#clock = options.clock;
+    this.#meta = options.meta;
+    this.channels = createRunChannels(options.redis, options.keys);
+  }
+
+  /**
+   * The runtime's queue, made on first use: BullMQ writes the queue's meta when it makes one, so a
+   * runtime that only reads (status, reproduce) writes nothing.
+   */
+  get queue(): Queue {
+    if (this.#queue === undefined) {
+      this.#queue = new Queue(this.queueName, {
+        connection: this.#queueConnection,
+        prefix: this.#keys.queuePrefix(),
+        defaultJobOptions: JOB_DEFAULTS,
+      });
+      this.#queue.on('error', () => {});
+    }
+    return this.#queue;
+  }
+
+  /**
+   * Adds every job the run's snapshot says is due (ids make repeats harmless), but for a unit that
+   * a chained job still carries (see the worker): that job runs it, so it gets no job of its own
+   * while the carrier is active. `self` is the id of the calling job: a carrier that was
+   * redelivered (its worker died mid-chain) hands the unit it carried to a job of its own.
+   */
+  async enqueueDue(
+    runId: string,
+    envelope: { snapshot: RunSnapshot; carrier?: string },
+    self?: string,
+  ): Promise<void> {
+    const { snapshot } = envelope;
+    let jobs = dueJobs(runId, snapshot, this.#clock());
+    const carried = parseCarrierNote(envelope.carrier);
+    if (carried !== null && carried.job !== self) {
+      const i = jobs.findIndex((j) => j.opts.jobId === carried.unit);
+      // Active includes a carrier whose worker died and whose lock has not lapsed yet: the stalled
+      // check hands it back to the queue, and its guard (here, as `self`) gives the unit its job.
+      if (i >= 0 && (await this.queue.getJobState(carried.job)) === 'active') {
+        jobs = jobs.filter((_, k) => k !== i);
+      }
+    }
+    if (jobs.length > 0) await this.add(jobs);
+    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#meta.ended(runId);
+  }
+
+  /**
+   * After a commit: adds the units its transition planned (a refused event changed nothing, so
+   * then what the snapshot says is due is added, as after any guard).
+   */
+  async enqueuePlanned(runId: string, applied: AppliedEvent): Promise<void> {
+    const { snapshot } = applied.envelope;
+    if (!applied.committed) return this.enqueueDue(runId, applied.envelope);
+    const jobs = plannedJobs(runId, snapshot, applied.transition.planned, this.#clock());
+    if (jobs.length > 0) await this.add(jobs);
+    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#meta.ended(runId);
+  }
+
+  /** Adds jobs in one round trip. */
+  async add(jobs: JobSpec[]): Promise<void> {
+    // One job (the common case) needs no pipeline, which costs more than the script call itself.
+    if (jobs.length === 1) {
+      const [j] = jobs as [JobSpec];
+      await this.queue.add(j.name, j.data, j.opts);
+      return;
+    }
+    await this.queue.addBulk(jobs.map((j) => ({ name: j.name, data: j.data, opts: j.opts })));
+  }
+
+  /** Schedules the run's wall-clock deadline, if its plan has one. */
+  async scheduleDeadline(runId: string, plan: Plan, createdAt: number): Promise<void> {
+    const max = plan.budgets?.maxWallClockMs;
+    if (max === undefined) return;
+    const data: JobData = { runId };
+    await this.add([
+      {
+        name: JobName.deadline,
+        data,
+        opts: { jobId: deadlineJobId(runId), delay: Math.max(0, createdAt + max - this.#clock()) },
+      },
+    ]);
+  }
+
+  /** Tells workers to abort the attempts a transition planned to abort (cancel, budget stop). */
+  async publishAborts(runId: string, planned: readonly PlannedAction[]): Promise<void> {
+    for (const p of planned) {
+      if (p.type === 'step.abort') {
+        await this.channels.publishAbort(abortMessage(runId, p.stepId, p.attempt));
+      }
+    }
+  }
+
+  /** Publishes a piece of a streaming reply to the run's chunk channel (live only, not stored). */
+  publishChunk(chunk: StreamedText): void {
+    const message = JSON.stringify({ ...chunk, at: this.#clock() });
+    // Best effort: a lost chunk costs a viewer some live text; the final message is committed.
+    this.channels.publishChunk(chunk.runId, message).catch(() => {});
+  }
+
+  /**
+   * Records the latest progress an operator reported for its step (one hash field, overwritten)
+   * and publishes it to the run's progress channel. Best effort, not awaited: progress is for
+   * people watching, never part of the run's history.
+   */
+  publishProgress(runId: string, stepId: string, attempt: number, info: JsonValue): void {
+    const message = JSON.stringify({ runId, stepId, attempt, info, at: this.#clock() });
+    this.channels.publishProgress(runId, stepId, message).catch(() => {});
+  }
+
+  /**
+   * Calls `listener` with each chunk message published for the run, until the returned function
+   * is called. One subscriber connection serves every listener of the runtime.
+   */
+  async subscribeChunks(runId: string, listener: (message: string) => void): Promise<() => void> {
+    return this.subscribe(this.chunkChannel(runId), listener);
+  }
+
+  /** Calls `listener` with each message of a run's progress channel (see `publishProgress`). */
+  async subscribeProgress(runId: string, listener: (message: string) => void): Promise<() => void> {
+    return this.subscribe(this.channels.progressChannel(runId), listener);
+  }
+
+  /** Calls `listener` with each message of `channel` until the returned function is called. */
+  async subscribe(channel: string, listener: (message: string) => void): Promise<() => void> {
+    if (this.#subscriber === undefined) {
+      const subscriber = this.#openSubscriber();
+      subscriber.on('error', () => {});
+      subscriber.on('message', (from: string, message: string) => {
+        for (const l of this.#listeners.get(from) ?? []) l(message);
+      });
+      this.#subscriber = subscriber;
+    }
+    let listeners = this.#listeners.get(channel);
+    if (listeners === undefined) {
+      listeners = new Set();
+      this.#listeners.set(channel, listeners);
+      await this.#subscriber.subscribe(channel);
+    }
+    listeners.add(listener);
+    return () => {
+      const set = this.#listeners.get(channel);
+      if (set === undefined) return;
+      set.delete(listener);
+      if (set.size === 0) {
+        this.#listeners.delete(channel);
+        this.#subscriber?.unsubscribe(channel).catch(() => {});
+      }
+    };
+  }
+
+  /** The pub/sub channel on which a run's streamed reply text is published. */
+  chunkChannel(runId: string): string {
+    return this.channels.chunkChannel(runId);
+  }
+
+  /** The pub/sub channel on which aborts of running attempts are announced. */
+  abortChannel(): string {
+    return this.channels.abortChannel;
+  }
+
+  /** Waits for new events of runs on one dedicated connection, created on first use. */
+  watcher(): StreamWatcher {
+    this.#watcher ??= createStreamWatcher(this.#redis);
+    return this.#watcher;
+  }
+
+  /**
+   * Closes the watcher, the subscriber and the queue (in that order); the connections it was
+   * given stay open.
+   */
+  async close(): Promise<void> {
+    this.#watcher?.close();
+    this.#watcher = undefined;
+    this.#subscriber?.disconnect();
+    this.#subscriber = undefined;
+    await this.#queue?.close();
+  }
+}

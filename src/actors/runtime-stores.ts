@@ -1,0 +1,131 @@
+import type { Redis } from 'ioredis';
+import { RunNotFoundError, RunRemovedError } from '../errors.js';
+import type { RunSnapshot } from '../machines/kernel.js';
+import { runSnapshotCodec } from '../machines/snapshot-migrations.js';
+import { createSnapshotCodec } from '../persistence/codec.js';
+import type { Keys } from '../persistence/keys.js';
+import { createLedger, type Ledger } from '../persistence/ledger.js';
+import { createFingerprintStore, type FingerprintStore } from '../persistence/fingerprint-store.js';
+import { createHistoryStore, type HistoryStore } from '../persistence/history.js';
+import { createModelJournal, type ModelJournal } from '../persistence/model-journal.js';
+import {
+  createBlobStore,
+  DEFAULT_BLOB_RETENTION_MS,
+  type BlobStore,
+  type BlobStoreOptions,
+} from '../persistence/blob-store.js';
+import { createRetentionStore, type RetentionStore } from '../persistence/retention.js';
+import {
+  createCacheStore,
+  type CacheStore,
+  type CacheStoreOptions,
+} from '../persistence/cache-store.js';
+import { createQuotaStore, type QuotaStore } from '../persistence/quota-store.js';
+import { createSnapshotStore, type SnapshotStore } from '../persistence/snapshot-store.js';
+import { createRunIndex, type RunIndex } from '../persistence/run-index.js';
+import { createActiveRuns, type ActiveRuns } from '../persistence/active-runs.js';
+import { createRunCounters, type RunCounters } from '../persistence/run-counters.js';
+import { createRequestKeys, type RequestKeys } from '../persistence/request-keys.js';
+import { createUnitNotes, type UnitNotes } from '../persistence/unit-notes.js';
+
+/** What the stores are built with, besides the connection and the keys. */
+export interface RuntimeStoresOptions {
+  /** The runtime's clock, epoch ms. */
+  clock: () => number;
+  /** The clock the caller gave, if any: the quota store's own default otherwise. */
+  givenClock: (() => number) | undefined;
+  /** The blob store's options (`CoreOptions.blobs` but its `cacheBytes`). */
+  blobs: Pick<BlobStoreOptions, 'retentionMs' | 'maxBytesPerRun'>;
+  /** How long finished and failed runs are kept, as checked. */
+  retention: { finishedRunsMs: number; failedRunsMs: number | null };
+  /** The step cache's limits, as checked. */
+  cacheLimits: Pick<CacheStoreOptions, 'retentionMs' | 'digestRetentionMs' | 'maxEntryBytes'>;
+}
+
+/**
+ * Every Redis store of a runtime, built from one connection and the keys: the runs' snapshots
+ * and events, the ledger, the run list and the side stores of runs, the model journal and
+ * histories, quotas, blobs, retention and the step cache. Making them sends no command.
+ */
+export class RuntimeStores {
+  /** The names of every Redis key of the runtime. */
+  readonly keys: Keys;
+  /** Runs' snapshots, events, outputs and meta, committed with compare-and-set. */
+  readonly store: SnapshotStore<RunSnapshot>;
+  /** The tool-call ledger. */
+  readonly ledger: Ledger;
+  /** The run list. */
+  readonly runs: RunIndex;
+  /** The runs not finished yet (walked by a starting worker). */
+  readonly activeRuns: ActiveRuns;
+  /** Per-run counters that budgets read (tool calls, a step's first start). */
+  readonly counters: RunCounters;
+  /** Start requests' keys, claimed once per tenant. */
+  readonly requestKeys: RequestKeys;
+  /** The notes workers leave when they start a unit. */
+  readonly unitNotes: UnitNotes;
+  /** The model replies of agent turns, journaled before they are used. */
+  readonly journal: ModelJournal;
+  /** The message histories of granular agent steps. */
+  readonly history: HistoryStore;
+  /** The fingerprints granular agent steps started under. */
+  readonly fingerprints: FingerprintStore;
+  /** Token reservations and usage, per run and per tenant. */
+  readonly quota: QuotaStore;
+  /** Large tool results of granular steps. */
+  readonly blobs: BlobStore;
+  /** The expiry of finished runs' keys, and what was removed. */
+  readonly retention: RetentionStore;
+  /** Cached step outputs (`cachePolicy`), shared by a tenant's runs. */
+  readonly cache: CacheStore;
+
+  constructor(redis: Redis, keys: Keys, options: RuntimeStoresOptions) {
+    const { clock } = options;
+    this.keys = keys;
+    this.store = createSnapshotStore<RunSnapshot>({
+      redis,
+      prefix: keys.prefix,
+      codec: createSnapshotCodec<RunSnapshot>(runSnapshotCodec),
+      clock,
+    });
+    this.ledger = createLedger({ redis, prefix: keys.prefix, clock });
+    this.runs = createRunIndex(redis, keys);
+    this.activeRuns = createActiveRuns(redis, keys);
+    this.counters = createRunCounters(redis, keys);
+    this.requestKeys = createRequestKeys(redis, keys);
+    this.unitNotes = createUnitNotes(redis, keys);
+    const stores = { redis, prefix: keys.prefix };
+    this.journal = createModelJournal(stores);
+    this.history = createHistoryStore(stores);
+    this.fingerprints = createFingerprintStore(stores);
+    this.quota = createQuotaStore({
+      ...stores,
+      ...(options.givenClock ? { clock: options.givenClock } : {}),
+    });
+    this.blobs = createBlobStore({ ...stores, ...options.blobs });
+    this.retention = createRetentionStore({
+      redis,
+      keys,
+      finishedRunsMs: options.retention.finishedRunsMs,
+      failedRunsMs: options.retention.failedRunsMs,
+      blobRetentionMs: options.blobs.retentionMs ?? DEFAULT_BLOB_RETENTION_MS,
+      clock,
+    });
+    this.cache = createCacheStore({ ...stores, ...options.cacheLimits });
+  }
+
+  /** The error for a run that is not there: removed by retention, or never there. */
+  async notFound(runId: string): Promise<RunNotFoundError> {
+    const removed = await this.retention.removed(runId);
+    return removed === null
+      ? new RunNotFoundError(runId)
+      : new RunRemovedError(runId, removed.finishedAt, removed.retentionMs, {
+          failed: removed.failed,
+        });
+  }
+
+  /** Closes what the stores hold of their own (the snapshot store's); the connection stays open. */
+  async close(): Promise<void> {
+    await this.store.close();
+  }
+}
