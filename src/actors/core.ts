@@ -1,5 +1,5 @@
 import { Queue } from 'bullmq';
-import { Redis } from 'ioredis';
+import type { Cluster, Redis } from 'ioredis';
 import { commitSpans } from '../observability/commit-spans.js';
 import { createRunHost, type AppliedEvent, type RunHost } from './run-host.js';
 import type { Operator, StreamedText } from './execute-step.js';
@@ -21,7 +21,8 @@ import type { Plan } from '../plan/schema.js';
 import { createSnapshotCodec } from '../persistence/codec.js';
 import { createKeys, type Keys } from '../persistence/keys.js';
 import { coalesceWrites, flushWrites } from '../persistence/write-coalescing.js';
-import { checkRedisTimeout, redisClientOptions } from '../persistence/redis-errors.js';
+import { checkRedisTimeout } from '../persistence/redis-errors.js';
+import { asCommandClient, duplicateClient, openRedis } from '../persistence/connection.js';
 import { createLedger, type Ledger } from '../persistence/ledger.js';
 import { createFingerprintStore, type FingerprintStore } from '../persistence/fingerprint-store.js';
 import { createHistoryStore, type HistoryStore } from '../persistence/history.js';
@@ -92,8 +93,12 @@ export interface StepFailureInfo {
 
 /** Options shared by the runtime and its workers. */
 export interface CoreOptions {
-  /** A Redis client or URL. A client stays the caller's to close. */
-  redis: Redis | string;
+  /**
+   * A Redis client (an ioredis `Redis` or `Cluster`) or a URL: `redis://…`, `rediss://…`, or a
+   * cluster's `redis+cluster://user:pass@host:port,host:port` (`rediss+cluster://` for TLS). A
+   * client stays the caller's to close.
+   */
+  redis: Redis | Cluster | string;
   /** Prefix of every Redis key. @defaultValue `'flujo'` */
   prefix?: string;
   /**
@@ -293,13 +298,8 @@ export class RuntimeCore {
     this.ownsRedis = typeof options.redis === 'string';
     this.redis =
       typeof options.redis === 'string'
-        ? coalesceWrites(
-            new Redis(options.redis, {
-              ...redisClientOptions(this.redisTimeoutMs),
-              lazyConnect: false,
-            }),
-          )
-        : options.redis;
+        ? coalesceWrites(openRedis(options.redis, { timeoutMs: this.redisTimeoutMs }))
+        : asCommandClient(options.redis);
     if (this.ownsRedis) this.redis.on('error', () => {}); // surfaced by the failing command
     this.keys = createKeys(options.prefix);
     this.tenantId = options.tenantId ?? 'default';
@@ -367,7 +367,7 @@ export class RuntimeCore {
       ...(cacheBytes === undefined ? {} : { blobCacheBytes: cacheBytes }),
     });
     this.#queueConnection = coalesceWrites(
-      this.redis.duplicate({
+      duplicateClient(this.redis, {
         maxRetriesPerRequest: null,
         ...(this.ownsRedis ? { commandTimeout: this.redisTimeoutMs } : {}),
       }),
@@ -620,7 +620,7 @@ export class RuntimeCore {
   /** Calls `listener` with each message of `channel` until the returned function is called. */
   async subscribe(channel: string, listener: (message: string) => void): Promise<() => void> {
     if (this.#subscriber === undefined) {
-      const subscriber = this.redis.duplicate();
+      const subscriber = duplicateClient(this.redis);
       subscriber.on('error', () => {});
       subscriber.on('message', (from: string, message: string) => {
         for (const l of this.#listeners.get(from) ?? []) l(message);
