@@ -243,7 +243,7 @@ function createClusterWatcher(cluster: Cluster): StreamWatcher {
   let closed = false;
   /** `host:port` of the master serving `slot`, as the cluster client knows it now. */
   const masterOf = (slot: number): string => {
-    const node = (cluster.slots[slot] as string[] | undefined)?.[0];
+    const node = cluster.slots[slot]?.[0];
     if (node === undefined) {
       cluster.refreshSlotsCache();
       throw new Error(`no node known for slot ${slot} yet`);
