@@ -10,8 +10,15 @@
  *
  * Every other URL (`redis://`, `rediss://`) opens a single server, as ioredis reads it.
  */
-import { Cluster, Redis, type ClusterOptions, type RedisOptions } from 'ioredis';
+import {
+  Cluster,
+  Redis,
+  type ChainableCommander,
+  type ClusterOptions,
+  type RedisOptions,
+} from 'ioredis';
 import { InputValidationError } from '../errors.js';
+import { keySlot } from './key-slot.js';
 import { redisClientOptions } from './redis-errors.js';
 
 /** A client the runtime accepts: one server or a cluster. */
@@ -171,4 +178,37 @@ export function duplicateClient(client: RedisClient, overrides: RedisOptions = {
     return asCommandClient(cluster);
   }
   return client.duplicate(overrides);
+}
+
+/**
+ * Sends one command per key (`add` queues it on the pipeline it is given) in as few round trips
+ * as the client allows: one pipeline on a single server; on a Cluster one pipeline per slot, sent
+ * at once (a Cluster pipeline may only hold keys of slots one node serves, and which node serves
+ * which slot changes with a failover). Like a pipeline's `exec()`, it rejects when a pipeline
+ * could not be sent, not for the error reply of one of its commands.
+ */
+export async function pipelineByKey(
+  redis: Redis,
+  keys: readonly string[],
+  add: (pipeline: ChainableCommander, key: string) => void,
+): Promise<void> {
+  if (keys.length === 0) return;
+  const groups = new Map<number, string[]>();
+  if (isCluster(redis)) {
+    for (const key of keys) {
+      const slot = keySlot(key);
+      const group = groups.get(slot);
+      if (group === undefined) groups.set(slot, [key]);
+      else group.push(key);
+    }
+  } else {
+    groups.set(0, [...keys]);
+  }
+  await Promise.all(
+    [...groups.values()].map((group) => {
+      const pipeline = redis.pipeline();
+      for (const key of group) add(pipeline, key);
+      return pipeline.exec();
+    }),
+  );
 }
