@@ -10,8 +10,7 @@
  * closed when it is not). After a failover or a moved slot the group reconnects to the slot's
  * master as the cluster client then knows it.
  */
-import { Redis } from 'ioredis';
-import type { Cluster } from 'ioredis';
+import type { Cluster, Redis } from 'ioredis';
 import { isCluster } from './connection.js';
 import { keySlot } from './key-slot.js';
 
@@ -245,7 +244,8 @@ function createClusterWatcher(cluster: Cluster): StreamWatcher {
   const masterOf = (slot: number): string => {
     const node = cluster.slots[slot]?.[0];
     if (node === undefined) {
-      cluster.refreshSlotsCache();
+      if (cluster.status === 'wait') cluster.connect().catch(() => {});
+      else cluster.refreshSlotsCache();
       throw new Error(`no node known for slot ${slot} yet`);
     }
     return node;
@@ -259,19 +259,20 @@ function createClusterWatcher(cluster: Cluster): StreamWatcher {
     group = createGroupWatcher({
       open: () => {
         address = masterOf(slot);
-        const colon = address.lastIndexOf(':');
-        // The node options the cluster's own connections have (credentials, TLS), and reads
-        // that block on purpose: no command timeout, no reconnecting to a node that may be
-        // gone (the next try asks the cluster where the slot is).
-        const { replyMapping: _mapping, ...nodeOptions } = cluster.options.redisOptions ?? {};
-        return new Redis({
-          ...nodeOptions,
-          host: address.slice(0, colon),
-          port: Number(address.slice(colon + 1)),
+        const node = nodeConnection(address);
+        if (node === undefined) {
+          cluster.refreshSlotsCache();
+          throw new Error(`no connection to ${address} yet`);
+        }
+        // A copy of the cluster's own connection to that master (its address as mapped, its
+        // credentials and TLS), for reads that block on purpose: no command timeout, and no
+        // reconnecting to a node that may be gone (the next try asks where the slot is now).
+        return node.duplicate({
           maxRetriesPerRequest: null,
           enableOfflineQueue: true,
           commandTimeout: undefined,
           retryStrategy: () => null,
+          readOnly: false,
           lazyConnect: false,
         });
       },
