@@ -70,7 +70,10 @@ describe('the runtime on a Redis Cluster (3 masters, 3 replicas)', () => {
     // A Cluster whose own options bound retries: every duplicate the runtime makes keeps the
     // options it needs (BullMQ's `maxRetriesPerRequest: null`).
     const rt = createRuntime({ redis: client, prefix, logger });
-    rt.operator('step', ({ input }) => ({ input }));
+    rt.operator('step', ({ input, stepId, progress }) => {
+      progress({ stepId });
+      return { input };
+    });
     const worker = rt.createWorker({ concurrency: 4 });
     await worker.ready();
     try {
@@ -78,6 +81,9 @@ describe('the runtime on a Redis Cluster (3 masters, 3 replicas)', () => {
         const done = await run.settled({ timeoutMs: 20_000 });
         expect(done.status).toBe('succeeded');
       }
+      // Progress is recorded and published in one MULTI (a hash of the run and its channel).
+      const progress = await client.hgetall(`${prefix}:{${runs[0]!.runId}}:progress`);
+      expect(Object.keys(progress).sort()).toEqual(['s0', 's1', 's2']);
     } finally {
       await worker.close();
       await rt.close();
