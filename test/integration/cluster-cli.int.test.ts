@@ -84,4 +84,14 @@ describe('the flujo CLI on a Redis Cluster', { timeout: 90_000 }, () => {
     expect(r.code).toBe(2);
     expect(r.err).toContain('redis+cluster://');
   });
+
+  it('a cluster none of whose seeds answers is unreachable (exit 6), naming the seeds', async () => {
+    const r = await runFlujo(['list', '--redis', 'redis+cluster://127.0.0.1:1,127.0.0.1:2'], {
+      redis: 'none',
+    });
+    expect(r.code).toBe(6);
+    expect(r.err).toContain(
+      'cannot reach Redis at redis+cluster://127.0.0.1:1,127.0.0.1:2: Failed to refresh slots cache',
+    );
+  });
 });
