@@ -1,10 +1,11 @@
-import { Redis } from 'ioredis';
+import type { Cluster, Redis } from 'ioredis';
 import { commitSpans } from '../observability/commit-spans.js';
 import { createRunHost, type AppliedEvent, type RunHost } from './run-host.js';
 import { InputValidationError, type SerializedError } from '../errors.js';
 import { createKeys } from '../persistence/keys.js';
 import { coalesceWrites, flushWrites } from '../persistence/write-coalescing.js';
-import { checkRedisTimeout, redisClientOptions } from '../persistence/redis-errors.js';
+import { checkRedisTimeout } from '../persistence/redis-errors.js';
+import { asCommandClient, duplicateClient, openRedis } from '../persistence/connection.js';
 import { createDefaultLogger, type Logger } from '../logging.js';
 import { parsePricing, type PricingTable } from '../llm/pricing.js';
 import { parseRetentionOptions, type RetentionOptions } from '../persistence/retention.js';
@@ -38,8 +39,12 @@ export interface StepFailureInfo {
 
 /** Options shared by the runtime and its workers. */
 export interface CoreOptions {
-  /** A Redis client or URL. A client stays the caller's to close. */
-  redis: Redis | string;
+  /**
+   * A Redis client (an ioredis `Redis` or `Cluster`) or a URL: `redis://…`, `rediss://…`, or a
+   * cluster's `redis+cluster://user:pass@host:port,host:port` (`rediss+cluster://` for TLS). A
+   * client stays the caller's to close.
+   */
+  redis: Redis | Cluster | string;
   /** Prefix of every Redis key. @defaultValue `'flujo'` */
   prefix?: string;
   /**
@@ -203,13 +208,8 @@ export class RuntimeCore {
     this.ownsRedis = typeof options.redis === 'string';
     this.redis =
       typeof options.redis === 'string'
-        ? coalesceWrites(
-            new Redis(options.redis, {
-              ...redisClientOptions(this.redisTimeoutMs),
-              lazyConnect: false,
-            }),
-          )
-        : options.redis;
+        ? coalesceWrites(openRedis(options.redis, { timeoutMs: this.redisTimeoutMs }))
+        : asCommandClient(options.redis);
     if (this.ownsRedis) this.redis.on('error', () => {}); // surfaced by the failing command
     const keys = createKeys(options.prefix);
     this.tenantId = options.tenantId ?? 'default';
@@ -254,7 +254,7 @@ export class RuntimeCore {
       ...(cacheBytes === undefined ? {} : { blobCacheBytes: cacheBytes }),
     });
     this.#queueConnection = coalesceWrites(
-      this.redis.duplicate({
+      duplicateClient(this.redis, {
         maxRetriesPerRequest: null,
         ...(this.ownsRedis ? { commandTimeout: this.redisTimeoutMs } : {}),
       }),
@@ -263,7 +263,7 @@ export class RuntimeCore {
     this.queues = new RuntimeQueues({
       redis: this.redis,
       queueConnection: this.#queueConnection,
-      openSubscriber: () => this.redis.duplicate(),
+      openSubscriber: () => duplicateClient(this.redis),
       keys,
       queueName: options.queueName ?? 'runs',
       clock: this.clock,

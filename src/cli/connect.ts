@@ -1,11 +1,13 @@
 /**
- * Where the CLI's Redis is: `--redis URL`, else `REDIS_URL`, else the embedded redis-server of
+ * Where the CLI's Redis is: `--redis URL` (a cluster's `redis+cluster://host:port,host:port` as
+ * well), else `REDIS_URL`, else the embedded redis-server of
  * `.flujo/redis` in the project of the working directory (started detached, so it outlives the
  * command). Every connection is probed first and fails fast (connect timeout 2 s, no endless
  * retries).
  */
 import { existsSync } from 'node:fs';
 import { Redis } from 'ioredis';
+import type { InputValidationError } from '../errors.js';
 import { RunNotFoundError, RunRemovedError } from '../errors.js';
 import { createRetentionStore } from '../persistence/retention.js';
 import { createKeys, isRunId, type Keys } from '../persistence/keys.js';
@@ -16,11 +18,8 @@ import {
   projectRoot,
   type DetachedRedis,
 } from '../persistence/embedded-redis.js';
-import {
-  DEFAULT_REDIS_TIMEOUT_MS,
-  redisClientOptions,
-  withRedisDeadline,
-} from '../persistence/redis-errors.js';
+import { DEFAULT_REDIS_TIMEOUT_MS, withRedisDeadline } from '../persistence/redis-errors.js';
+import { isClusterUrl, openRedis, parseClusterUrl } from '../persistence/connection.js';
 import type { Runtime } from '../runtime.js';
 import { createCliLogger } from './log.js';
 import type { JobModule } from './job-module.js';
@@ -102,6 +101,19 @@ function redisUrl(raw: string, source: string): { url: string; target: string } 
   let u: URL;
   // A password is never printed.
   const shown = maskRedisUrl(raw);
+  if (isClusterUrl(raw)) {
+    try {
+      const parsed = parseClusterUrl(raw);
+      const scheme = parsed.tls ? 'rediss+cluster' : 'redis+cluster';
+      const nodes = parsed.nodes.map((n) => (n.host.includes(':') ? `[${n.host}]` : n.host));
+      const target = `${scheme}://${parsed.nodes.map((n, i) => `${nodes[i]}:${n.port}`).join(',')}`;
+      return { url: raw, target };
+    } catch (error) {
+      badInput(
+        `${source} "${shown}" is not a Redis URL: ${(error as InputValidationError).issues[0]?.message ?? ''}`,
+      );
+    }
+  }
   try {
     u = new URL(raw);
   } catch {
@@ -150,14 +162,21 @@ async function probe(
   timeoutMs: number,
   said = timeoutMs,
 ): Promise<void> {
-  const client = new Redis(url, {
-    lazyConnect: true,
-    connectTimeout: timeoutMs,
-    commandTimeout: timeoutMs,
-    maxRetriesPerRequest: 0,
-    enableOfflineQueue: false,
-    retryStrategy: () => null,
-  });
+  const client = isClusterUrl(url)
+    ? openRedis(url, {
+        timeoutMs,
+        reconnect: 'briefly',
+        lazyConnect: true,
+        enableOfflineQueue: false,
+      })
+    : new Redis(url, {
+        lazyConnect: true,
+        connectTimeout: timeoutMs,
+        commandTimeout: timeoutMs,
+        maxRetriesPerRequest: 0,
+        enableOfflineQueue: false,
+        retryStrategy: () => null,
+      });
   let last: unknown;
   client.on('error', (e: unknown) => (last = e));
   try {
@@ -242,10 +261,7 @@ export async function connect(options: ConnectOptions): Promise<Connection> {
   const { createRuntime } = await import('../runtime.js');
 
   const long = options.long === true;
-  const redis = new Redis(
-    url,
-    redisClientOptions(timeoutMs, { reconnect: long ? 'forever' : 'briefly' }),
-  );
+  const redis = openRedis(url, { timeoutMs, reconnect: long ? 'forever' : 'briefly' });
   redis.on('error', () => {}); // surfaced by the command that fails
   let runtime: Runtime | undefined;
   return {

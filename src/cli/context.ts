@@ -1,4 +1,5 @@
 /** What every command receives, and the small parsers of option values they share. */
+import { isClusterUrl, maskClusterUrl } from '../persistence/connection.js';
 import type { JsonValue } from '../internal/json.js';
 import { badInput } from './exit-codes.js';
 
@@ -87,10 +88,11 @@ export const MASKED_PASSWORD = '***';
 
 /**
  * A Redis URL as printed: its password, if it has one, replaced by `***`
- * (`redis://:***@127.0.0.1:6390`). Text that is not a URL is printed as `<not a URL>` only if it
+ * (`redis://:***@127.0.0.1:6390`, `redis+cluster://user:***@127.0.0.1:7000,127.0.0.1:7001`). Text that is not a URL is printed as `<not a URL>` only if it
  * could carry a password (it has an `@`).
  */
 export function maskRedisUrl(raw: string): string {
+  if (isClusterUrl(raw)) return maskClusterUrl(raw, MASKED_PASSWORD);
   let u: URL;
   try {
     u = new URL(raw);

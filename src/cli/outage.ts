@@ -6,6 +6,7 @@
  */
 import { Redis } from 'ioredis';
 import { redisClientOptions } from '../persistence/redis-errors.js';
+import { isClusterUrl, openRedis } from '../persistence/connection.js';
 
 /** `--redis-outage-limit MS` unless given: how long `flujo run` and `resume` wait for Redis. */
 export const DEFAULT_OUTAGE_LIMIT_MS = 60_000;
@@ -49,10 +50,12 @@ function shortReason(error: unknown): string {
 /** Starts watching (see the module comment). */
 export function watchRedis(o: WatchOptions): RedisWatch {
   const say = o.say ?? ((line: string) => process.stderr.write(`${line}\n`));
-  const client = new Redis(o.url, {
-    ...redisClientOptions(o.timeoutMs, { reconnect: 'forever' }),
-    maxRetriesPerRequest: 0,
-  });
+  const client = isClusterUrl(o.url)
+    ? openRedis(o.url, { timeoutMs: o.timeoutMs, reconnect: 'forever' })
+    : new Redis(o.url, {
+        ...redisClientOptions(o.timeoutMs, { reconnect: 'forever' }),
+        maxRetriesPerRequest: 0,
+      });
   client.on('error', () => {}); // a failed PING says it
   let downSince: number | null = null;
   let stopped = false;

@@ -34,10 +34,25 @@ const CONNECTION_MESSAGES = [
   'Socket timeout',
   'Reached the max retries per request limit',
   'None of startup nodes is available',
+  // A Redis Cluster failing over, resharding or not yet ready: ioredis retries redirections and
+  // refreshes its slots, and gives up with one of these when that did not settle in time.
+  'Too many Cluster redirections',
+  'Failed to refresh slots cache',
+  "Cluster isn't ready",
 ];
 
 // Server replies that mean "this server cannot serve you right now", not "your command is wrong".
-const TRANSIENT_REPLY_PREFIXES = ['LOADING', 'MASTERDOWN', 'CLUSTERDOWN', 'TRYAGAIN', 'READONLY'];
+// On a cluster, MOVED and ASK surface only when a slot moved again while ioredis followed it (a
+// failover or a resharding): the same command succeeds once the client has the new slot map.
+const TRANSIENT_REPLY_PREFIXES = [
+  'LOADING',
+  'MASTERDOWN',
+  'CLUSTERDOWN',
+  'TRYAGAIN',
+  'READONLY',
+  'MOVED',
+  'ASK',
+];
 
 /** True when `error` says Redis is unreachable or temporarily unable to serve, not that a command is wrong. */
 export function isConnectionError(error: unknown): boolean {
@@ -52,8 +67,44 @@ export function isConnectionError(error: unknown): boolean {
   return false;
 }
 
-/** Where `redis` connects, for messages: `host:port`, a socket path or `sentinel <name>`; never credentials. */
+/** The nodes a Cluster client knows (or its startup nodes), as `host:port`, sorted. */
+function nodesOf(cluster: ClusterLike): string[] {
+  const seen = new Set<string>();
+  try {
+    for (const node of cluster.nodes('all')) {
+      seen.add(`${node.options.host ?? 'localhost'}:${node.options.port ?? 6379}`);
+    }
+  } catch {
+    // not connected yet: its startup nodes below
+  }
+  if (seen.size === 0) {
+    for (const n of cluster.startupNodes) {
+      if (typeof n === 'string') seen.add(n);
+      else if (typeof n === 'number') seen.add(`localhost:${n}`);
+      else seen.add(`${n.host ?? 'localhost'}:${n.port ?? 6379}`);
+    }
+  }
+  return [...seen].sort();
+}
+
+/** What {@link describeRedisTarget} reads of an ioredis `Cluster`. */
+interface ClusterLike {
+  isCluster: true;
+  options: { redisOptions?: { tls?: unknown } };
+  nodes(role: 'all'): { options: { host?: string; port?: number } }[];
+  startupNodes: (string | number | { host?: string; port?: number })[];
+}
+
+/**
+ * Where `redis` connects, for messages: `host:port`, a socket path, `sentinel <name>`, or a
+ * cluster and its nodes; never credentials.
+ */
 export function describeRedisTarget(redis: Pick<Redis, 'options'> | undefined): string {
+  if ((redis as { isCluster?: unknown } | undefined)?.isCluster === true) {
+    const cluster = redis as unknown as ClusterLike;
+    const scheme = cluster.options.redisOptions?.tls == null ? 'redis' : 'rediss';
+    return `${scheme}+cluster://${nodesOf(cluster).join(',')}`;
+  }
   const o = redis?.options;
   if (o === undefined) return 'Redis';
   // ioredis fills unset options with null, whatever its types say.

@@ -18,6 +18,7 @@
  * the tenant removes the records that are due.
  */
 import type { Redis } from 'ioredis';
+import { pipelineByKey } from './connection.js';
 import { InputValidationError, type ValidationIssue } from '../errors.js';
 import type { Keys } from './keys.js';
 import { classifyRedisError } from './redis-errors.js';
@@ -316,9 +317,7 @@ export function createRetentionStore(options: RetentionStoreOptions): RetentionS
         const ms = String(retentionMs);
         // Keys of other slots first: the run's own, with the tombstone, come last.
         const outside = [...tenant, ...other];
-        const pipeline = redis.pipeline();
-        for (const key of outside) pipeline.pexpire(key, ms);
-        await pipeline.exec();
+        await pipelineByKey(redis, outside, (p, key) => p.pexpire(key, ms));
         const tombstone: RemovedRun = { finishedAt: clock(), retentionMs, failed };
         const snap = keys.snap(runId);
         const set = await expire(
@@ -338,9 +337,7 @@ export function createRetentionStore(options: RetentionStoreOptions): RetentionS
         // Resumed meanwhile (or gone): the keys of other slots keep no expiry either. (A run that
         // ended otherwise meanwhile is given its expiry by whoever ended it.)
         if (set === 0) {
-          const undo = redis.pipeline();
-          for (const key of outside) undo.persist(key);
-          await undo.exec();
+          await pipelineByKey(redis, outside, (p, key) => p.persist(key));
         }
         return false;
       } catch (error) {
@@ -357,9 +354,7 @@ export function createRetentionStore(options: RetentionStoreOptions): RetentionS
         const { run, tenant, other } = await runKeys(runId, info);
         const blobs = new Set(await blobKeys(runId));
         blobs.add(keys.blobs(runId));
-        const outside = redis.pipeline();
-        for (const key of [...tenant, ...other]) outside.persist(key);
-        await outside.exec();
+        await pipelineByKey(redis, [...tenant, ...other], (p, key) => p.persist(key));
         const tx = redis.multi();
         for (const key of run) {
           // Blobs keep the expiry they have while their run goes on.

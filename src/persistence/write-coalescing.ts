@@ -12,9 +12,14 @@ import type { Redis } from 'ioredis';
  * commands in the same turn. ioredis's own `enableAutoPipelining` gets the same single write but
  * builds a pipeline object per batch, which costs more than it saves when a batch holds one
  * command (a worker of concurrency 1), and it is not advised for BullMQ's connections.
+ *
+ * A Redis Cluster client is returned as it is: it has no socket of its own (each node's
+ * connection has one), and its `sendCommand` takes a third argument, the node a pipeline is
+ * bound to, that a wrapper would have to keep.
  * @internal
  */
 export function coalesceWrites(redis: Redis): Redis {
+  if ((redis as { isCluster?: unknown }).isCluster === true) return redis;
   const send = redis.sendCommand.bind(redis);
   /** The corked socket, until its turn ends or a flush. */
   let corked: Redis['stream'] | null = null;
@@ -23,7 +28,7 @@ export function coalesceWrites(redis: Redis): Redis {
     corked = null;
     socket?.uncork();
   };
-  const coalescing: Redis['sendCommand'] = (command, stream) => {
+  const coalescing: Redis['sendCommand'] = (command, stream, ...rest: unknown[]) => {
     // Undefined until the first connection is made.
     const socket = redis.stream as Redis['stream'] | undefined;
     if (
@@ -36,7 +41,12 @@ export function coalesceWrites(redis: Redis): Redis {
       socket.cork();
       process.nextTick(uncork);
     }
-    return send(command, stream);
+    // Every argument goes on: a caller may pass more than a single server's client takes.
+    return (send as (...args: unknown[]) => ReturnType<Redis['sendCommand']>)(
+      command,
+      stream,
+      ...rest,
+    );
   };
   redis.sendCommand = coalescing;
   flushes.set(redis, uncork);

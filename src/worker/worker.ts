@@ -17,6 +17,7 @@ import {
 import { RunNotFoundError } from '../errors.js';
 import type { WorkerIdentity } from '../persistence/unit-notes.js';
 import { coalesceWrites } from '../persistence/write-coalescing.js';
+import { duplicateClient } from '../persistence/connection.js';
 import type { RuntimeCore } from '../actors/core.js';
 import { JobName, type JobData } from '../actors/jobs.js';
 import { processStartJob } from './start-job.js';
@@ -92,10 +93,10 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
   // BullMQ's blocking connection is duplicated from this one: no command timeout (BullMQ bounds
   // its blocking reads itself).
   const connection: Redis = coalesceWrites(
-    core.redis.duplicate({ maxRetriesPerRequest: null, commandTimeout: undefined }),
+    duplicateClient(core.redis, { maxRetriesPerRequest: null, commandTimeout: undefined }),
   );
   connection.on('error', () => {});
-  const subscriber: Redis = core.redis.duplicate();
+  const subscriber: Redis = duplicateClient(core.redis);
   subscriber.on('error', () => {});
   subscriber.on('message', (_channel: string, message: string) => {
     abortUnit(host, message);

@@ -25,7 +25,7 @@ import { join, relative, resolve, sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { UiServer } from '../../ui/server.js';
 import { connect, projectRoot } from '../connect.js';
-import { parseConcurrency, type Ctx } from '../context.js';
+import { maskRedisUrl, parseConcurrency, type Ctx } from '../context.js';
 import { ExitCode, badInput } from '../exit-codes.js';
 import { listenUi, parsePort } from './ui.js';
 
@@ -86,7 +86,7 @@ export async function cmdDev(ctx: Ctx): Promise<number> {
   try {
     ui = await listenUi(conn.runtime(), port, host);
     // A URL with a password is not printed: its server is named, and the user has its URL.
-    const secret = new URL(conn.url).password !== '';
+    const secret = maskRedisUrl(conn.url) !== conn.url;
     say(
       secret
         ? `Redis ${conn.target} (prefix ${conn.prefix}); other commands reach it with the --redis URL given here`
