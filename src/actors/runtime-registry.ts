@@ -1,9 +1,10 @@
 import type { Operator } from '../execution/execute-step.js';
 import type { RegisteredPolicy } from '../execution/policies.js';
-import { modelClients } from '../execution/model-call.js';
+import { modelClients, type ModelClients } from '../execution/model-call.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
 import type { JsonValue } from '../internal/json.js';
 import type { Logger } from '../logging.js';
+import type { ModelClient } from '../llm/openai-client.js';
 import { createTokenCounter, type TokenCounter } from '../llm/tokens.js';
 import type { PlanStep } from '../plan/schema.js';
 import { createToolRegistry, type ToolRegistry } from '../tools/registry.js';
@@ -13,7 +14,7 @@ import { createToolRegistry, type ToolRegistry } from '../tools/registry.js';
  * versions they were registered with, and the model clients and token counters its agents use.
  * In memory, per process: every worker registers the same.
  */
-export class RuntimeRegistry {
+export class RuntimeRegistry implements ModelClients {
   /** The operators, by name. */
   readonly operators = new Map<string, Operator>();
   /** The `version` an operator was registered with, by name: part of its cache key. */
@@ -24,10 +25,9 @@ export class RuntimeRegistry {
   readonly policies = new Map<string, RegisteredPolicy>();
   /** The agents, by name. */
   readonly agents = new Map<string, AgentDefinition>();
-  /** The model client of an agent (one per agent definition, made on first use). */
-  readonly clientFor = modelClients();
   /** The tools, by name. */
   readonly tools: ToolRegistry = createToolRegistry();
+  readonly #clients = modelClients();
   readonly #counters = new Map<string, TokenCounter>();
   readonly #log: Logger;
 
@@ -55,6 +55,11 @@ export class RuntimeRegistry {
     }
     const name = step.kind === 'operator' ? step.operator : step.kind;
     return { kind: step.kind, name, version: this.operatorVersions.get(name) ?? null };
+  }
+
+  /** The model client of an agent (one per agent definition, made on first use). */
+  clientFor(agent: AgentDefinition): ModelClient {
+    return this.#clients.clientFor(agent);
   }
 
   /** The token counter of a model (one per model, shared by usage and context). */

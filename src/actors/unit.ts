@@ -96,7 +96,7 @@ export function createUnitHost(core: RuntimeCore, options: UnitHostOptions): Uni
       operators: core.registry.operators,
       policies: core.registry.policies,
       agents: core.registry.agents,
-      clientFor: core.registry.clientFor,
+      clients: core.registry,
       tools: core.registry.tools,
       ledger: core.stores.ledger,
       counter: core.stores.counters,

@@ -17,13 +17,14 @@ import { refOfReceipt } from '../persistence/blob-store.js';
 import {
   callTool,
   type ReplayedCalls,
-  type StoreResult,
-  type ToolCallObservation,
+  type ResultStore,
+  type ToolCallObserver,
+  type ToolRunGuard,
 } from '../tools/call-tool.js';
 import { ToolClass } from '../tools/classify.js';
 import type { ToolDefinition } from '../tools/define-tool.js';
 import { rejectionMessage, type CallGate } from './call-approval.js';
-import type { CallRecorder, ResultStore } from './ports.js';
+import type { CallRecorder } from './ports.js';
 
 const sha256 = (text: string): string => createHash('sha256').update(text, 'utf8').digest('hex');
 
@@ -73,8 +74,8 @@ export function readOnlyEntries(
 export interface ToolRunDeps {
   ledger: Ledger;
   leaseMs: number;
-  /** Called before each tool call that will really run (budgets). @defaultValue none */
-  beforeRun?: () => Promise<void>;
+  /** Asked before each tool call that will really run (budgets). @defaultValue nothing is asked */
+  guard?: ToolRunGuard;
   /**
    * Stores a large tool result as a blob (granular steps): the ledger's receipt and the history
    * then keep its reference. @defaultValue results are kept as they are
@@ -107,7 +108,7 @@ export interface ToolRunContext {
   /** The step's declared effects: a tool of another class (but read-only) is refused. */
   effects: readonly string[];
   signal: AbortSignal;
-  /** The size (bytes) over which `storeResult` stores a tool result (the step's setting). */
+  /** The size (bytes) over which `results` stores a tool result (the step's setting). */
   blobThresholdBytes: number;
 }
 
@@ -182,8 +183,7 @@ export async function runToolCalls(
   const key = turnIdempotencyKey(runId, stepId, turn);
   const messages: ChatMessage[] = [];
   const { results, recorder } = deps;
-  const storeResult: StoreResult | undefined =
-    results === undefined ? undefined : (runId, content, t) => results.offload(runId, content, t);
+  const observer = recorder === undefined ? undefined : turnObserver(recorder, turn);
   for (const [i, call] of calls.entries()) {
     if (i > 0) debugPoint(DebugPoint.betweenTools, `${stepId}:${turn}:${i}`);
     const tool = tools.get(call.name);
@@ -235,13 +235,11 @@ export async function runToolCalls(
                   ...(context.mode === 'granular' ? { turn } : {}),
                 }),
             }),
-        ...(deps.beforeRun === undefined ? {} : { beforeRun: deps.beforeRun }),
-        ...(recorder === undefined
+        ...(deps.guard === undefined ? {} : { guard: deps.guard }),
+        ...(observer === undefined ? {} : { observer }),
+        ...(results === undefined
           ? {}
-          : { observe: (c: ToolCallObservation) => recorder.toolCalled({ ...c, turn }) }),
-        ...(storeResult === undefined
-          ? {}
-          : { storeResult, blobThresholdBytes: context.blobThresholdBytes }),
+          : { results, blobThresholdBytes: context.blobThresholdBytes }),
         ...(deps.replay === undefined ? {} : { replay: deps.replay }),
       });
     } catch (thrown) {
@@ -256,10 +254,15 @@ export async function runToolCalls(
       role: 'tool',
       tool_call_id: call.id,
       content:
-        storeResult === undefined || ref !== undefined
+        results === undefined || ref !== undefined
           ? content
-          : await storeResult(runId, content, context.blobThresholdBytes),
+          : await results.offload(runId, content, context.blobThresholdBytes),
     });
   }
   return messages;
+}
+
+/** The observer of a turn's tool calls: records each with the turn it was made in. */
+function turnObserver(recorder: CallRecorder, turn: number): ToolCallObserver {
+  return { toolCalled: (call) => recorder.toolCalled({ ...call, turn }) };
 }

@@ -21,23 +21,17 @@ import {
   callTool,
   type CallToolContext,
   type ReplayedCalls,
-  type ToolCallObservation,
+  type ResultStore,
+  type ToolRunGuard,
 } from '../tools/call-tool.js';
 import { classifyFailure } from '../tools/classify-failure.js';
 import type { ToolRegistry } from '../tools/registry.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
-import type { ModelClient } from '../llm/openai-client.js';
 import { actionCallId, actionKeyOf, actionLedgerScope, keyInputValue } from './action-keys.js';
 import { claimFingerprint, stepFingerprint } from './agent-fingerprint.js';
 import { runAtomicAgent } from './atomic-agent.js';
-import type { AgentLoopDeps, AttemptCallJournal, ReplyStream } from './model-call.js';
-import type {
-  CallRecorder,
-  HistoryReader,
-  LiveFeed,
-  ResultStore,
-  ToolCallCounter,
-} from './ports.js';
+import type { AgentLoopDeps, AttemptCallJournal, ModelClients, ReplyStream } from './model-call.js';
+import type { CallRecorder, HistoryReader, LiveFeed, ToolCallCounter } from './ports.js';
 import {
   enforcePolicy,
   enforceTaggedPolicies,
@@ -103,7 +97,8 @@ export interface StepExecutionDeps {
   /** Policies by name: `policy_check` steps name one; tagged ones guard steps with those tags. */
   policies: ReadonlyMap<string, RegisteredPolicy>;
   agents: ReadonlyMap<string, AgentDefinition>;
-  clientFor: (agent: AgentDefinition) => ModelClient;
+  /** The model client of each agent (the runtime's registry). */
+  clients: ModelClients;
   tools: ToolRegistry;
   ledger: Ledger;
   /** Counts the tool calls that will really run, against the run's and the step's budgets. */
@@ -163,10 +158,8 @@ export function loopDeps(
     ...(replay === undefined ? {} : { replay }),
     ledger: deps.ledger,
     leaseMs: deps.leaseMs,
-    clientFor: deps.clientFor,
-    ...(countsToolCalls(deps, where.step)
-      ? { beforeRun: () => countToolCall(deps, where.runId, where.step) }
-      : {}),
+    clients: deps.clients,
+    ...toolBudget(deps, where.runId, where.step),
     ...replyStream(deps, { runId: where.runId, stepId: where.step.id, attempt: where.attempt }),
     ...(deps.meter === undefined ? {} : { meter: deps.meter }),
     ...(deps.context === undefined ? {} : { context: deps.context }),
@@ -573,10 +566,9 @@ function observeReuse(
 ): void {
   const recorder = deps.recorder;
   if (recorder === undefined) return;
-  const observe = (call: ToolCallObservation) => recorder.toolCalled(call);
   for (const r of effect.receipts) {
     const tool = deps.tools.list().find((t) => t.identity === r.tool);
-    observe({
+    recorder.toolCalled({
       callId: r.callId,
       tool: r.tool,
       class: tool?.class ?? 'unknown',
@@ -594,7 +586,7 @@ function observeReuse(
     outcome: 'succeeded' as const,
     reusedFrom: effect.sourceRunId,
   };
-  observe(reused);
+  recorder.toolCalled(reused);
 }
 
 /** What `ctx.need(dependency, path)` returns or throws for `step`. */
@@ -658,13 +650,11 @@ function stepTools(
         ctx: action?.ctx ?? ctx,
         ...(action === undefined ? {} : { callId: action.callId }),
         leaseMs: deps.leaseMs,
-        ...(deps.recorder === undefined ? {} : { observe: recorderOf(deps.recorder) }),
+        ...(deps.recorder === undefined ? {} : { observer: deps.recorder }),
         // A risky tool's call runs only once a person approved it (else the step pauses here).
         approve: (call) => gate.check(call),
         // Only calls that will really run count; a replayed receipt is free.
-        ...(countsToolCalls(deps, step)
-          ? { beforeRun: () => countToolCall(deps, ctx.runId, step) }
-          : {}),
+        ...toolBudget(deps, ctx.runId, step),
         ...(replay === undefined ? {} : { replay }),
       });
       return result.receipt as T;
@@ -672,9 +662,17 @@ function stepTools(
   };
 }
 
-/** Whether tool calls of `step` are counted: the run or the step has a `maxToolCalls`. */
-function countsToolCalls(deps: StepExecutionDeps, step: PlanStep): boolean {
-  return deps.maxToolCalls !== undefined || step.budgets?.maxToolCalls !== undefined;
+/**
+ * The guard that counts each tool call of `step` that will really run against the budgets, when
+ * the run or the step has a `maxToolCalls`; none otherwise.
+ */
+function toolBudget(
+  deps: StepExecutionDeps,
+  runId: string,
+  step: PlanStep,
+): { guard?: ToolRunGuard } {
+  if (deps.maxToolCalls === undefined && step.budgets?.maxToolCalls === undefined) return {};
+  return { guard: { beforeRun: () => countToolCall(deps, runId, step) } };
 }
 
 /**
@@ -694,9 +692,4 @@ async function countToolCall(
   if (stepMax !== undefined && used.step > stepMax) {
     throw new BudgetExceededError('maxToolCalls', stepMax, used.step, { stepId: step.id });
   }
-}
-
-/** A tool call's observer that records the call. */
-function recorderOf(recorder: CallRecorder): (call: ToolCallObservation) => void {
-  return (call) => recorder.toolCalled(call);
 }

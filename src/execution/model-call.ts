@@ -30,10 +30,16 @@ export interface ReplyStream {
   text(delta: string, turn: number): void;
 }
 
+/** The model client of each agent. */
+export interface ModelClients {
+  /** The client of `agent`: one per agent, reused across steps (it keeps its connections). */
+  clientFor(agent: AgentDefinition): ModelClient;
+}
+
 /** What an agent loop needs from the worker. */
 export interface AgentLoopDeps extends ToolRunDeps {
-  /** One client per agent, reused across steps (the openai client keeps its connections). */
-  clientFor: (agent: AgentDefinition) => ModelClient;
+  /** The model client of each agent (the runtime's registry). */
+  clients: ModelClients;
   /** Fed reply text as it streams in (agents that stream). @defaultValue nobody */
   stream?: ReplyStream;
   /** Reserves and reconciles the usage of each model call. @defaultValue calls are not metered */
@@ -105,7 +111,7 @@ export async function askModel(
   const stream = deps.stream;
   const complete = (onSend?: () => Promise<void>) =>
     traceModelCall({ model: agent.model, agent: agent.name }, () =>
-      deps.clientFor(agent).complete({
+      deps.clients.clientFor(agent).complete({
         messages,
         signal,
         ...(stream === undefined ? {} : { onChunk: (d: string) => stream.text(d, turn) }),
@@ -126,23 +132,25 @@ export async function askModel(
       messages,
       budget: args.budget,
       stepBudget: step.budgets,
-      ...(recorder === undefined ? {} : { observe: (c) => recorder.modelCalled(c) }),
+      ...(recorder === undefined ? {} : { observer: recorder }),
       ...(alongside === undefined ? {} : { alongside }),
     },
     complete,
   );
 }
 
-/** Caches one model client per agent definition. */
-export function modelClients(): (agent: AgentDefinition) => ModelClient {
+/** Model clients made on first use, one per agent definition. */
+export function modelClients(): ModelClients {
   const clients = new WeakMap<AgentDefinition, ModelClient>();
-  return (agent) => {
-    let client = clients.get(agent);
-    if (client === undefined) {
-      client = createModelClient(agent);
-      clients.set(agent, client);
-    }
-    return client;
+  return {
+    clientFor(agent) {
+      let client = clients.get(agent);
+      if (client === undefined) {
+        client = createModelClient(agent);
+        clients.set(agent, client);
+      }
+      return client;
+    },
   };
 }
 

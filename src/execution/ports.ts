@@ -2,13 +2,19 @@
  * What an execution needs from the unit of work that runs it, as small interfaces the unit
  * implements and hands down: the execution calls their methods, and holds no callback of a layer
  * above it. Each names one need: counting tool calls against the budgets, reading a granular
- * step's committed history, storing a large tool result, feeding watchers (streamed reply text,
- * an operator's progress), and recording the calls the unit's commit carries.
+ * step's committed history, feeding watchers (streamed reply text, an operator's progress), and
+ * recording the calls the unit's commit carries. The layers below declare what they call in the
+ * same way, and the unit's objects implement it: a tool call's `ToolCallObserver`, `ToolRunGuard`
+ * and `ResultStore` (a large result stored as a blob; re-exported here) in `tools/call-tool.ts`, a
+ * metered model call's `ModelCallObserver` in `usage-meter.ts`, and the agents' `ModelClients` in
+ * `model-call.ts`.
  */
 import type { JsonValue } from '../internal/json.js';
 import type { ChatMessage } from '../llm/messages.js';
-import type { ToolCallObservation } from '../tools/call-tool.js';
-import type { ModelCallObservation } from './usage-meter.js';
+import type { ToolCallObservation, ToolCallObserver } from '../tools/call-tool.js';
+import type { ModelCallObserver } from './usage-meter.js';
+
+export type { ResultStore } from '../tools/call-tool.js';
 
 /** Counts the tool calls that will really run (the run's counters). */
 export interface ToolCallCounter {
@@ -20,12 +26,6 @@ export interface ToolCallCounter {
 export interface HistoryReader {
   /** Messages `[0, cursor)` of the step's history. */
   read(runId: string, stepId: string, cursor: number): Promise<ChatMessage[]>;
-}
-
-/** Stores a large tool result of a granular step as a blob of the run. */
-export interface ResultStore {
-  /** Returns what the history keeps: the content, or a reference to it over `thresholdBytes`. */
-  offload(runId: string, content: string, thresholdBytes: number): Promise<string>;
 }
 
 /** A piece of an agent's reply as it streams in. */
@@ -48,10 +48,11 @@ export interface LiveFeed {
   progress(where: { runId: string; stepId: string; attempt: number }, info: JsonValue): void;
 }
 
-/** Records the calls an execution made, for its unit's commit. */
-export interface CallRecorder {
+/**
+ * Records the calls an execution made, for its unit's commit: the observer of its tool calls and
+ * of its metered model calls.
+ */
+export interface CallRecorder extends ToolCallObserver, ModelCallObserver {
   /** How a tool call went (`turn` in an agent step). */
   toolCalled(call: ToolCallObservation & { turn?: number }): void;
-  /** How a metered model call went. */
-  modelCalled(call: ModelCallObservation): void;
 }

@@ -17,6 +17,7 @@ import type { StepResult } from './execute-step.js';
 /** What the cache of step outputs needs. */
 export interface StepCacheDeps {
   cache: CacheStore;
+  /** A time source, epoch ms: a plain value read, not a call back up (the runtime's clock). */
   clock: () => number;
   /** The code identities of the registered operators and agents (the runtime's registry). */
   identities: StepIdentities;

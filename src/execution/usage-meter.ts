@@ -60,15 +60,21 @@ export interface MeteredCall {
   stepBudget?: RunUsageBudget | undefined;
   /**
    * Told how the call went once it is reconciled (e.g. to record it in the run's events); not told
-   * of a call that sent nothing (its reservation released).
+   * of a call that sent nothing (its reservation released). @defaultValue nobody
    */
-  observe?: (call: ModelCallObservation) => void;
+  observer?: ModelCallObserver;
   /**
    * Given a reply once its reconcile is on the connection, before the reconcile's answer is
    * awaited: writes started here (the reply's journal) share the reconcile's round trip, and Redis
    * applies them after it. What it starts is not awaited here. @defaultValue nothing
    */
   alongside?: (reply: MeteredReply) => void;
+}
+
+/** Told how each metered model call went, e.g. to record it in the run's event stream. */
+export interface ModelCallObserver {
+  /** One call, once reconciled (a call that sent nothing is not told). */
+  modelCalled(call: ModelCallObservation): void;
 }
 
 /** How one metered model call went: its reservation, what it was charged, how long it took. */
@@ -426,7 +432,7 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
         await reconciled;
         // A call that sent nothing is no model call: its reservation is released, not observed.
         if (outcome.kind !== 'none') {
-          call.observe?.({
+          call.observer?.modelCalled({
             reservationId: reservation.id,
             model: agent.model,
             turn,

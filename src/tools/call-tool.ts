@@ -86,24 +86,25 @@ export interface CallToolOptions {
   checkArgs?: (args: JsonValue) => void;
   /**
    * Asked before a call of a tool with risk level high or critical really runs (not for a recorded
-   * receipt), before its lease is taken and before `beforeRun`: returns when a person approved
+   * receipt), before its lease is taken and before `guard`: returns when a person approved
    * this call, throws to hold or refuse it (the call stays PREPARED, nothing ran). Required for
    * such tools: without it their calls are refused with `ConfigurationError`.
    */
   approve?: (call: { callId: string; tool: string; args: JsonValue }) => Promise<void> | void;
   /**
-   * Called once the call will really run (not for a recorded receipt), before the lease is taken:
-   * e.g. to count it against a budget. Throwing here leaves the call PREPARED, with nothing run.
+   * Asked once the call will really run (not for a recorded receipt), before the lease is taken:
+   * e.g. to count it against a budget. When it throws, the call stays PREPARED, with nothing run.
+   * @defaultValue nothing is asked
    */
-  beforeRun?: () => Promise<void> | void;
+  guard?: ToolRunGuard;
   /**
-   * Stores a fresh result over `blobThresholdBytes` as a blob of the run (see `BlobStore.offload`);
-   * the receipt recorded and returned then stands for the blob. When it throws, the result itself
-   * is recorded (the effect happened: the receipt must not be lost to a failed store).
+   * Stores a fresh result over `blobThresholdBytes` as a blob of the run (e.g. the run's
+   * `BlobStore`); the receipt recorded and returned then stands for the blob. When it throws, the
+   * result itself is recorded (the effect happened: the receipt must not be lost to a failed store).
    * @defaultValue results are recorded as they are
    */
-  storeResult?: StoreResult;
-  /** The size (bytes) over which `storeResult` stores a result. @defaultValue no limit */
+  results?: ResultStore;
+  /** The size (bytes) over which `results` stores a result. @defaultValue no limit */
   blobThresholdBytes?: number;
   /**
    * For a read-only tool: the call's ledger entry as read beforehand (e.g. in the same round trip
@@ -128,7 +129,25 @@ export interface CallToolOptions {
    * Told how each call that reached the ledger went (ran or replayed, how long, its outcome), e.g.
    * to record it in the run's event stream. @defaultValue nobody
    */
-  observe?: (call: ToolCallObservation) => void;
+  observer?: ToolCallObserver;
+}
+
+/** Told how each tool call went, e.g. to record it in the run's event stream. */
+export interface ToolCallObserver {
+  /** One call that reached the ledger: ran or replayed, how long it took, its outcome. */
+  toolCalled(call: ToolCallObservation): void;
+}
+
+/** Checks a tool call that will really run, before its lease is taken (e.g. a budget). */
+export interface ToolRunGuard {
+  /** Returns when the call may run; throws to refuse it (it stays PREPARED, nothing ran). */
+  beforeRun(): Promise<void> | void;
+}
+
+/** Stores a large tool result of a run, e.g. as a blob of the run. */
+export interface ResultStore {
+  /** Returns what the history keeps: the content, or a reference to it over `thresholdBytes`. */
+  offload(runId: string, content: string, thresholdBytes: number): Promise<string>;
 }
 
 /** The original run's receipts, as a replaying run's tool calls look them up. */
@@ -142,7 +161,7 @@ export interface ReplayedCalls {
   allowEffects: boolean;
 }
 
-/** How one tool call went, as {@link CallToolOptions.observe} is told. */
+/** How one tool call went, as {@link ToolCallObserver.toolCalled} is told. */
 export interface ToolCallObservation {
   callId: string;
   /** The tool's identity (name and version). */
@@ -225,11 +244,11 @@ async function callInScope(options: CallToolOptions): Promise<CallToolResult> {
     options.callId ?? ledgerCallId({ tenantId, runId, stepId, tool: tool.identity, args });
 
   const call = { runId, stepId, tenantId, callId, tool: tool.identity, args };
-  const observe = options.observe;
-  if (observe === undefined) return callRecorded(options, call, args);
+  const observer = options.observer;
+  if (observer === undefined) return callRecorded(options, call, args);
   const started = performance.now();
   const tell = (outcome: ToolCallObservation['outcome'], replayed: boolean, error?: string) =>
-    observe({
+    observer.toolCalled({
       callId,
       tool: tool.identity,
       class: tool.class,
@@ -267,7 +286,7 @@ async function callRecorded(
     if (reused !== undefined) return reused;
   }
   const rerun = canRerunInDoubt(tool);
-  if (options.beforeRun === undefined && !isRisky(tool)) {
+  if (options.guard === undefined && !isRisky(tool)) {
     // Nothing to check between recording the call and taking its lease: one atomic step.
     ctx.signal?.throwIfAborted();
     const entry = await ledger.begin(call, leaseMs, { rerunInDoubt: rerun });
@@ -287,7 +306,7 @@ async function callRecorded(
   }
   ctx.signal?.throwIfAborted();
   await approved(options, call);
-  await options.beforeRun?.();
+  await options.guard?.beforeRun();
   const entry = await ledger.markRunning(runId, tenantId, callId, leaseMs, { rerunInDoubt: rerun });
   return recordedOutcome(entry) ?? runOwned(options, args, entry, leaseMs, rerun);
 }
@@ -367,19 +386,9 @@ function toolContextOf(
 }
 
 /**
- * Stores a large tool result of a run and returns what the run's history keeps in its place (a
- * blob reference, or the content itself when it is small).
- */
-export type StoreResult = (
-  runId: string,
-  content: string,
-  thresholdBytes: number,
-) => Promise<string>;
-
-/**
  * The receipt of what a tool returned: parsed by the tool's output schema, then, with
- * `storeResult`, a large one stored and its receipt the blob's. A result the schema refuses is final (the call ran: it is never re-run):
- * recorded with `fail`, then thrown.
+ * `results`, a large one stored and its receipt the blob's. A result the schema refuses is final
+ * (the call ran: it is never re-run): recorded with `fail`, then thrown.
  */
 async function receiptOf(
   options: CallToolOptions,
@@ -394,11 +403,11 @@ async function receiptOf(
     await fail({ ...error.toJSON(), retryable: false });
     throw error;
   }
-  if (options.storeResult !== undefined) {
+  if (options.results !== undefined) {
     try {
       const content = JSON.stringify(receipt);
       const threshold = options.blobThresholdBytes ?? Number.POSITIVE_INFINITY;
-      const stored = await options.storeResult(options.ctx.runId, content, threshold);
+      const stored = await options.results.offload(options.ctx.runId, content, threshold);
       if (stored !== content) receipt = blobReceipt(stored);
     } catch {
       // Recorded as it is; the caller meets the conversion's error again when it uses the receipt.
@@ -430,7 +439,7 @@ async function runReadOnly(options: CallToolOptions, call: PrepareCall): Promise
   }
   ctx.signal?.throwIfAborted();
   await approved(options, call);
-  await options.beforeRun?.();
+  await options.guard?.beforeRun();
   let value: unknown;
   try {
     value = await tool.run(args, toolContextOf(call, ctx, ctx.signal ?? NEVER));

@@ -76,11 +76,13 @@ beforeEach(async () => {
   deps = {
     ledger: createLedger(stores),
     leaseMs: 5000,
-    beforeRun: () => {
-      calls++;
-      return Promise.resolve();
+    guard: {
+      beforeRun: () => {
+        calls++;
+        return Promise.resolve();
+      },
     },
-    clientFor: modelClients(),
+    clients: modelClients(),
     journal: createModelJournal(stores),
     fingerprints: createFingerprintStore(stores),
     histories: { read: (runId, stepId, cursor) => history.read(runId, stepId, { to: cursor }) },

@@ -95,19 +95,23 @@ describe('callTool', () => {
     expect(seen[0]?.signal).toBeInstanceOf(AbortSignal);
   });
 
-  it('calls beforeRun only when the tool will really run; a throw there runs nothing', async () => {
+  it('asks the guard only when the tool will really run; a throw there runs nothing', async () => {
     let counted = 0;
-    const beforeRun = () => {
-      counted++;
+    const guard = {
+      beforeRun: () => {
+        counted++;
+      },
     };
-    await call({ beforeRun });
-    await call({ beforeRun });
+    await call({ guard });
+    await call({ guard });
     expect([counted, total()]).toEqual([1, 1]);
     const over = await caught(
       call({
         args: { to: 'bob' },
-        beforeRun: () => {
-          throw new Error('budget exhausted');
+        guard: {
+          beforeRun: () => {
+            throw new Error('budget exhausted');
+          },
         },
       }),
     );
@@ -301,7 +305,7 @@ describe('callTool', () => {
     // Nothing started, so nothing is recorded (a call with a budget check is left PREPARED).
     expect(await ledger.list('run-1', 'acme')).toEqual([]);
     await expect(
-      call({ ctx: { ...ctx, signal: controller.signal }, beforeRun: () => undefined }),
+      call({ ctx: { ...ctx, signal: controller.signal }, guard: { beforeRun: () => undefined } }),
     ).rejects.toThrow('shutting down');
     expect(total()).toBe(0);
     expect((await ledger.list('run-1', 'acme'))[0]?.state).toBe('PREPARED');
