@@ -45,7 +45,7 @@ export async function beginRun(
   input: unknown = null,
   opts: StartOptions = {},
 ): Promise<RunHandle> {
-  const started = await launchRun(core, planSource, input, opts);
+  const started = await launchRun(core, planSource, input, opts, true);
   if (opts.resumeFailed === true && started.found === 'failed') {
     await resumeRun(core, started.runId, { by: 'request-key' });
   }

@@ -5,8 +5,10 @@
  * read-only call takes no lease: it has no effect that a second run could repeat, so it is never
  * in doubt and costs one write (its receipt) instead of two.
  */
+import { setTimeout as sleep } from 'node:timers/promises';
 import {
   ConfigurationError,
+  RedisUnavailableError,
   isFlujoError,
   NonDeterminismError,
   reviveError,
@@ -16,6 +18,7 @@ import {
   ToolOutcomeUnknownError,
 } from '../errors.js';
 import { debugPoint, DebugPoint } from '../internal/debug-points.js';
+import { isConnectionError } from '../persistence/redis-errors.js';
 import type { JsonValue } from '../internal/json.js';
 import type { Ledger, LedgerEntry, LedgerRecordOp, PrepareCall } from '../persistence/ledger.js';
 import { argsHash, ledgerCallId } from '../persistence/ledger-ids.js';
@@ -463,6 +466,26 @@ async function runReadOnly(options: CallToolOptions, call: PrepareCall): Promise
     : { receipt: entry.receipt, replayed: true, entry };
 }
 
+/** The longest pause between two tries of recording a leased call's outcome, in ms. */
+const RECORD_PAUSE_MAX_MS = 1000;
+
+/**
+ * Records the outcome of a call that ran under a lease, tried again (with backoff) for as long as
+ * Redis cannot answer: the outcome is never dropped for want of Redis. Once Redis answers, the
+ * ledger records it only if run number `runs` still owns the call, so a call another worker took
+ * over meanwhile keeps that worker's outcome.
+ */
+async function recordHeld<T>(write: () => Promise<T>): Promise<T> {
+  for (let pause = 50; ; pause = Math.min(pause * 2, RECORD_PAUSE_MAX_MS)) {
+    try {
+      return await write();
+    } catch (error) {
+      if (!(error instanceof RedisUnavailableError) && !isConnectionError(error)) throw error;
+      await sleep(pause);
+    }
+  }
+}
+
 /** Runs the tool under the lease of run number `entry.runs` and records the outcome. */
 async function runOwned(
   options: CallToolOptions,
@@ -507,16 +530,12 @@ async function runOwned(
       // Cut off mid-call: the effect may or may not have happened. A keyed tool may run again
       // (retryable); for any other tool the lease lapses into IN_DOUBT, for a person to check.
       if (!rerun) throw error;
-      await ledger.markFailed(
-        runId,
-        tenantId,
-        callId,
-        { ...error.toJSON(), retryable: true },
-        runs,
+      await recordHeld(() =>
+        ledger.markFailed(runId, tenantId, callId, { ...error.toJSON(), retryable: true }, runs),
       );
       throw error;
     }
-    await ledger.markFailed(runId, tenantId, callId, error.toJSON(), runs);
+    await recordHeld(() => ledger.markFailed(runId, tenantId, callId, error.toJSON(), runs));
     throw error;
   } finally {
     clearInterval(timer);
@@ -525,14 +544,10 @@ async function runOwned(
   debugPoint(DebugPoint.afterToolEffect, tool.name);
 
   const receipt = await receiptOf(options, value, (error) =>
-    ledger.markFailed(runId, tenantId, callId, error, runs),
+    recordHeld(() => ledger.markFailed(runId, tenantId, callId, error, runs)),
   );
-  const { entry: after, applied } = await ledger.markSucceeded(
-    runId,
-    tenantId,
-    callId,
-    receipt,
-    runs,
+  const { entry: after, applied } = await recordHeld(() =>
+    ledger.markSucceeded(runId, tenantId, callId, receipt, runs),
   );
   if (!applied) {
     // Another worker took the call over while this one ran (the lease lapsed).

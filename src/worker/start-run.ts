@@ -1,6 +1,12 @@
 import { randomUUID } from 'node:crypto';
 import { keyInputIssues } from '../execution/action-keys.js';
-import { InputValidationError, RunAlreadyExistsError } from '../errors.js';
+import { setTimeout as sleep } from 'node:timers/promises';
+import {
+  FlujoError,
+  InputValidationError,
+  RedisUnavailableError,
+  RunAlreadyExistsError,
+} from '../errors.js';
 import { assertPlainJson } from '../internal/json.js';
 import { runStatus } from '../machines/kernel.js';
 import type { RunStatus } from '../machines/types.js';
@@ -39,6 +45,72 @@ export interface LaunchedRun {
   created: boolean;
   /** For a run a request key led to: its status when it was found. */
   found?: RunStatus;
+}
+
+/** How a start hands its run's first work to the queue: tries, and the pause before the first retry. */
+const ENQUEUE_TRIES = 5;
+const ENQUEUE_BACKOFF_MS = 50;
+
+/**
+ * Schedules the run's deadline and enqueues its due work, retried with backoff: the run exists
+ * already, so a start never gives up on it at the first queue error. When every try fails, the
+ * error says the run exists and how it will be driven.
+ */
+async function queueFirstWork(
+  core: RuntimeCore,
+  runId: string,
+  plan: Plan,
+  createdAt: number,
+  envelope: Parameters<RuntimeCore['queues']['enqueueDue']>[1],
+  requestKey: string | undefined,
+): Promise<void> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await core.queues.scheduleDeadline(runId, plan, createdAt);
+      await core.queues.enqueueDue(runId, envelope);
+      return;
+    } catch (error) {
+      if (error instanceof FlujoError && !error.retryable) throw error;
+      if (attempt >= ENQUEUE_TRIES) {
+        const again = requestKey === undefined ? 'run id' : 'run id or request key';
+        throw new RedisUnavailableError(
+          `Run "${runId}" was created but its first work could not be queued (${String(
+            error instanceof Error ? error.message : error,
+          )}). The run exists: start it again with the same ${again} to queue it, or any worker's sweep of active runs will drive it.`,
+          { cause: error },
+        );
+      }
+      await sleep(ENQUEUE_BACKOFF_MS * 2 ** (attempt - 1));
+    }
+  }
+}
+
+/**
+ * Whether run `runId`, which exists, is the one this start asks for (same plan, input, tenant and
+ * request key, as stored): a start tried again after it created the run.
+ */
+async function sameStart(
+  core: RuntimeCore,
+  runId: string,
+  meta: Record<string, string>,
+): Promise<boolean> {
+  const stored = await core.stores.store.loadMeta(runId);
+  return ['plan', 'input', 'tenantId', 'requestKey'].every((k) => (stored[k] ?? '') === meta[k]);
+}
+
+/**
+ * Re-enqueues the due work of an existing run that has not ended (ids make repeats harmless);
+ * returns its status, or null when it does not exist.
+ */
+async function continueRun(core: RuntimeCore, runId: string): Promise<RunStatus | null> {
+  const env = await core.stores.store.tryLoad(runId, { outputs: false });
+  if (env === null) return null;
+  const { snapshot } = env;
+  if (snapshot.status !== 'active' || snapshot.value === 'failed') return runStatus(snapshot);
+  const meta = await core.meta.read(runId);
+  await core.queues.scheduleDeadline(runId, meta.plan, meta.createdAt);
+  await core.queues.enqueueDue(runId, env);
+  return runStatus(snapshot);
 }
 
 /** Refuses a plan whose fallbacks name an operator or agent not registered here. */
@@ -89,12 +161,18 @@ function checkCacheFlags(opts: StartOptions): Record<string, string> {
  * worker's `start` job. Every check comes before the first write, so a refused start leaves Redis
  * as it was. A request key already claimed leads to its run (`created: false`, `found` its
  * status); resuming it when it failed is the caller's choice.
+ *
+ * With `retried`, a start that finds its run already there (its run id with the same plan, input,
+ * tenant and request key, or its request key) is taken as the same start tried again: the run's
+ * due work is enqueued again (ids make that harmless), so a start whose create succeeded and
+ * whose enqueue failed is finished by starting it again.
  */
 export async function launchRun(
   core: RuntimeCore,
   planSource: Plan | PlanInput | string,
   input: unknown,
   opts: StartOptions,
+  retried = false,
 ): Promise<LaunchedRun> {
   const plan = core.meta.plans.parse(planSource);
   assertPlainJson(input, 'run input', 'input');
@@ -121,7 +199,9 @@ export async function launchRun(
     const owner =
       requestKey === undefined ? null : await core.stores.requestKeys.owner(tenantId, requestKey);
     if (owner === null && (await runExists(core.redis, core.stores.keys, runId))) {
-      throw new RunAlreadyExistsError(runId);
+      if (!retried || !(await sameStart(core, runId, meta))) throw new RunAlreadyExistsError(runId);
+      const found = await continueRun(core, runId);
+      if (found !== null) return { runId, created: false, found };
     }
   }
 
@@ -129,9 +209,14 @@ export async function launchRun(
     const owner = await core.stores.requestKeys.claim(tenantId, requestKey, runId);
     if (owner !== null) {
       runId = owner;
-      const existing = await core.stores.store.tryLoad(runId, { outputs: false });
-      if (existing !== null) {
-        return { runId, created: false, found: runStatus(existing.snapshot) };
+      if (retried) {
+        const found = await continueRun(core, runId);
+        if (found !== null) return { runId, created: false, found };
+      } else {
+        const existing = await core.stores.store.tryLoad(runId, { outputs: false });
+        if (existing !== null) {
+          return { runId, created: false, found: runStatus(existing.snapshot) };
+        }
       }
       // The key was claimed but the run never got created (a crash in between): create it.
     }
@@ -164,7 +249,6 @@ export async function launchRun(
     }
     throw error;
   }
-  await core.queues.scheduleDeadline(runId, plan, at);
-  await core.queues.enqueueDue(runId, created.envelope);
+  await queueFirstWork(core, runId, plan, at, created.envelope, requestKey);
   return { runId, created: true };
 }

@@ -14,7 +14,7 @@ import {
   type UnitHost,
   type UnitOutcome,
 } from '../actors/unit.js';
-import { RunNotFoundError } from '../errors.js';
+import { InputValidationError, RunNotFoundError } from '../errors.js';
 import type { WorkerIdentity } from '../persistence/unit-notes.js';
 import { coalesceWrites } from '../persistence/write-coalescing.js';
 import { duplicateClient } from '../persistence/connection.js';
@@ -53,6 +53,15 @@ export interface WorkerOptions {
   /** Re-enqueue the work of every unfinished run when the worker starts. @defaultValue true */
   recoverOnStart?: boolean;
   /**
+   * How often, in ms, the worker sweeps the active runs: each active run's due work is enqueued
+   * again under its unit's job id (a unit that has a job is not added twice), so a run left with
+   * due work and no job (a start that could not queue it, a job lost) is driven again. The set of
+   * active runs is walked in batches (`SSCAN`), and each run's snapshot is read without its
+   * outputs. 0: no periodic sweep (only the one at start, with `recoverOnStart`).
+   * @defaultValue 30000
+   */
+  sweepEveryMs?: number;
+  /**
    * How long one job may go on with its run's next units, in ms, before it hands the next one to
    * the queue. After a commit that leaves the run exactly one unit to do (the next step of a
    * line, the next turn of an agent), the job runs that unit itself instead of enqueueing it and
@@ -78,8 +87,23 @@ export interface FlujoWorker {
   status(): WorkerStatus;
 }
 
+/** The sweep interval option, checked: 0 (no sweep) or a whole number of ms, at least 100. */
+function checkSweepEvery(value: unknown): number {
+  if (value === undefined) return 30_000;
+  if (typeof value === 'number' && Number.isInteger(value) && (value === 0 || value >= 100)) {
+    return value;
+  }
+  throw new InputValidationError('worker options', [
+    {
+      path: 'sweepEveryMs',
+      message: `must be 0 (no periodic sweep) or a whole number of milliseconds of at least 100, got ${typeof value === 'number' ? String(value) : (JSON.stringify(value) ?? typeof value)}`,
+    },
+  ]);
+}
+
 /** Starts a BullMQ worker that drives the runtime's runs one unit of work at a time. */
 export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): FlujoWorker {
+  const sweepEveryMs = checkSweepEvery(options.sweepEveryMs);
   const recoveryMs = options.recoveryMs ?? 2000;
   const chainMs = options.chainMs ?? 1000;
   const identity: WorkerIdentity = {
@@ -213,11 +237,31 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     if (options.recoverOnStart ?? true) await recover();
     void worker.run().catch(() => {});
     await worker.waitUntilReady();
+    if (sweepEveryMs > 0 && !closing.signal.aborted) scheduleSweep();
   })();
 
-  /** Hands the due work of every unfinished run to the queue again (ids make repeats harmless). */
-  async function recover(): Promise<void> {
+  let sweepTimer: NodeJS.Timeout | undefined;
+  let sweeping: Promise<void> = Promise.resolve();
+  /** Sweeps the active runs every `sweepEveryMs`, one sweep at a time, until the worker closes. */
+  function scheduleSweep(): void {
+    sweepTimer = setTimeout(() => {
+      // Trouble with Redis ends this sweep; the next one tries again.
+      sweeping = recover(false)
+        .catch(() => {})
+        .finally(() => {
+          if (!closing.signal.aborted) scheduleSweep();
+        });
+    }, sweepEveryMs);
+    sweepTimer.unref();
+  }
+
+  /**
+   * Hands the due work of every unfinished run to the queue again (ids make repeats harmless).
+   * At start (`relist`), a run missing from the run list is listed again.
+   */
+  async function recover(relist = true): Promise<void> {
     await core.stores.activeRuns.forEach(async (runId) => {
+      if (closing.signal.aborted) return;
       const env = await core.stores.store.tryLoad(runId, { outputs: false });
       if (env === null) {
         await core.stores.activeRuns.remove(runId);
@@ -225,7 +269,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       }
       await core.queues.enqueueDue(runId, env);
       // A run started before the run list existed (or whose entry was lost) is listed again.
-      if (!(await core.stores.runs.has(runId))) {
+      if (relist && !(await core.stores.runs.has(runId))) {
         const meta = await core.meta.read(runId);
         await core.stores.runs.add({
           runId,
@@ -242,8 +286,10 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     status: () => registry.getSnapshot().context,
     async close() {
       closing.abort();
+      clearTimeout(sweepTimer);
       registry.trigger.closing();
       await ready.catch(() => {});
+      await sweeping;
       await worker.close();
       subscriber.disconnect();
       connection.disconnect();
