@@ -190,7 +190,8 @@ describe('a Redis that refuses, never answers, or is paused', () => {
         expect(baseline.code, baseline.err).toBe(2);
         const r = await flujo([...args, '--redis', url, '--redis-timeout', '1000']);
         expect(r.code, `${args.join(' ')}: ${r.err}`).toBe(6);
-        expect(r.ms, args.join(' ')).toBeLessThan(baseline.ms + 1000 + 1000);
+        // 1.5 s of slack: a loaded machine slows the two commands unevenly.
+        expect(r.ms, args.join(' ')).toBeLessThan(baseline.ms + 1000 + 1500);
         const lines = r.err.trim().split('\n');
         expect(lines, args.join(' ')).toHaveLength(1);
         expect(lines[0]).toMatch(new RegExp(`^flujo ${args[0]}: cannot reach Redis at ${url}: `));
