@@ -11,7 +11,6 @@ import {
 } from '../errors.js';
 import { canonicalHash } from '../internal/canonical-hash.js';
 import { assertPlainJson, findNonJson, type JsonValue } from '../internal/json.js';
-import type { StepState } from '../machines/kernel.js';
 import type { CacheSource } from '../machines/types.js';
 import { agentStepSchema, type AgentStep, type PlanStep } from '../plan/schema.js';
 import type { FingerprintStore } from '../persistence/fingerprint-store.js';
@@ -32,6 +31,7 @@ import { claimFingerprint, stepFingerprint } from './agent-fingerprint.js';
 import { runAtomicAgent } from './atomic-agent.js';
 import type { AgentLoopDeps, AttemptCallJournal, ModelClients, ReplyStream } from './model-call.js';
 import type { CallRecorder, HistoryReader, LiveFeed, ToolCallCounter } from './ports.js';
+import type { AttemptInputs } from './step-cache.js';
 import {
   enforcePolicy,
   enforceTaggedPolicies,
@@ -329,13 +329,7 @@ export function executeStep(
 
 async function runOneStep(
   deps: StepExecutionDeps,
-  args: {
-    step: PlanStep;
-    state: StepState;
-    runId: string;
-    tenantId: string;
-    runInput: JsonValue;
-    depOutputs: Record<string, JsonValue>;
+  args: AttemptInputs & {
     signal: AbortSignal;
     /** In a run that replays another: the original's receipts and recorded outputs. */
     replay?: ReplayedStep;

@@ -51,6 +51,16 @@ export function stepCacheKey(
   return canonicalHash({ identity, input, deps: depOutputs }, 'step cache key');
 }
 
+/** What one step attempt executes on: its step and state, its run, and the inputs it reads. */
+export interface AttemptInputs {
+  step: PlanStep;
+  state: StepState;
+  runId: string;
+  tenantId: string;
+  runInput: JsonValue;
+  depOutputs: Record<string, JsonValue>;
+}
+
 /**
  * Runs `execute` (the step's primary) under the step's cache policy. Nothing is cached for a step
  * of class `none` or in its fallback phase. A deterministic step that runs and produces an output
@@ -58,13 +68,7 @@ export function stepCacheKey(
  */
 export async function executeCached(
   deps: StepCacheDeps,
-  args: {
-    step: PlanStep;
-    state: StepState;
-    runId: string;
-    tenantId: string;
-    runInput: JsonValue;
-    depOutputs: Record<string, JsonValue>;
+  args: AttemptInputs & {
     options: RunCacheOptions;
     /** Decides before a hit is used (the step's tagged policies): a result here ends the attempt. */
     beforeHit?: () => Promise<StepResult | null>;
