@@ -1,4 +1,5 @@
 import type { Redis } from 'ioredis';
+import { scanKeys } from './redis.js';
 
 /** A key's DUMP (base64), and whether it has a time to live. */
 export interface DumpedKey {
@@ -6,19 +7,17 @@ export interface DumpedKey {
   expires: boolean;
 }
 
-/** Every key of a runtime's prefix and of its BullMQ queue, with its DUMP and whether it expires. */
+/**
+ * Every key of a runtime's prefix and of its BullMQ queue, with its DUMP and whether it expires
+ * (over every master on a cluster).
+ */
 export async function dumpAll(redis: Redis, prefix: string): Promise<Record<string, DumpedKey>> {
   const out: Record<string, DumpedKey> = {};
   for (const pattern of [`${prefix}:*`, `{${prefix}:q}*`]) {
-    let cursor = '0';
-    do {
-      const [next, keys] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 500);
-      cursor = next;
-      for (const key of keys) {
-        const [dump, ttl] = await Promise.all([redis.dumpBuffer(key), redis.pttl(key)]);
-        if (dump !== null) out[key] = { dump: dump.toString('base64'), expires: ttl > 0 };
-      }
-    } while (cursor !== '0');
+    for (const key of await scanKeys(redis, pattern)) {
+      const [dump, ttl] = await Promise.all([redis.dumpBuffer(key), redis.pttl(key)]);
+      if (dump !== null) out[key] = { dump: dump.toString('base64'), expires: ttl > 0 };
+    }
   }
   return out;
 }

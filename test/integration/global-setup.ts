@@ -31,7 +31,7 @@ export async function setup(project: TestProject): Promise<void> {
  * Runs `step`; if it throws, prints its message alone and ends the run (a thrown error would come
  * under vitest's "No test files found" and a stack).
  */
-function exitOnError(step: () => unknown): void {
+export function exitOnError(step: () => unknown): void {
   try {
     step();
   } catch (error) {
