@@ -18,7 +18,7 @@ import {
 } from '../../src/index.js';
 import type { Logger } from '../../src/logging.js';
 import { JobName } from '../../src/actors/jobs.js';
-import { deleteRuntimeKeys, redisUrl } from '../helpers/redis.js';
+import { deleteRuntimeKeys, redisUrl, scanKeys } from '../helpers/redis.js';
 import { heldTool } from '../helpers/held-tool.js';
 import { granularPlan, scriptedAgent, useScriptedModel } from '../helpers/scripted-agent.js';
 import { runtimeCore } from '../../src/runtime.js';
@@ -320,7 +320,10 @@ describe('blobs and truncation', () => {
       for (let i = 0; i < 200 && model.requestCount < 2; i++)
         await new Promise((r) => setTimeout(r, 10));
       // The retention elapsed: the blob is gone before the next turn reads it back.
-      const blobKeys = await runtimeCore(runtime).redis.keys(`${prefix}:{${run.runId}}:blob:*`);
+      const blobKeys = await scanKeys(
+        runtimeCore(runtime).redis,
+        `${prefix}:{${run.runId}}:blob:*`,
+      );
       expect(blobKeys).toHaveLength(1);
       await runtimeCore(runtime).redis.del(...blobKeys);
       release();

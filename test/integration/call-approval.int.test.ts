@@ -18,7 +18,7 @@ import {
   type Runtime,
 } from '../../src/index.js';
 import { startScriptedModelServer, type ScriptedModelServer } from '../../src/testing/index.js';
-import { connect, deleteRuntimeKeys, redisUrl } from '../helpers/redis.js';
+import { connect, deleteRuntimeKeys, redisUrl, scanKeys } from '../helpers/redis.js';
 
 /** Effects at the payment service, by idempotency key: one line per effect. */
 let effects: { key: string; cents: number }[];
@@ -126,18 +126,13 @@ async function typesOf(runId: string): Promise<string[]> {
 /** Every key of the run with its content. */
 async function runKeys(runId: string): Promise<Record<string, unknown>> {
   const out: Record<string, unknown> = {};
-  let cursor = '0';
-  do {
-    const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}:{${runId}}*`, 'COUNT', 500);
-    cursor = next;
-    for (const key of keys) {
-      const type = await redis.type(key);
-      if (type === 'hash') out[key] = await redis.hgetall(key);
-      else if (type === 'stream') out[key] = await redis.xrange(key, '-', '+');
-      else if (type === 'list') out[key] = await redis.lrange(key, 0, -1);
-      else out[key] = await redis.get(key);
-    }
-  } while (cursor !== '0');
+  for (const key of await scanKeys(redis, `${prefix}:{${runId}}*`)) {
+    const type = await redis.type(key);
+    if (type === 'hash') out[key] = await redis.hgetall(key);
+    else if (type === 'stream') out[key] = await redis.xrange(key, '-', '+');
+    else if (type === 'list') out[key] = await redis.lrange(key, 0, -1);
+    else out[key] = await redis.get(key);
+  }
   return out;
 }
 

@@ -23,7 +23,7 @@ import {
 } from '../../src/index.js';
 import { startScriptedModelServer, type ScriptedModelServer } from '../../src/testing/index.js';
 import { runFlujo } from '../helpers/cli.js';
-import { connect, deleteRuntimeKeys, redisUrl } from '../helpers/redis.js';
+import { connect, deleteRuntimeKeys, redisUrl, scanKeys } from '../helpers/redis.js';
 import { runtimeCore } from '../../src/runtime.js';
 
 // Long enough for the assertions made while the keys are still there, on a loaded machine.
@@ -111,17 +111,12 @@ function scriptAgent(): void {
 /** Every key of the run: its hash tag, its usage keys in the tenant's tag, its request key. */
 async function keysOf(runId: string, requestKey?: string): Promise<string[]> {
   const out: string[] = [];
-  let cursor = '0';
-  do {
-    const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}*`, 'COUNT', 1000);
-    cursor = next;
-    for (const key of keys) {
-      if (key.includes(`{${runId}}`) || key.endsWith(`:${runId}`)) out.push(key);
-      else if (requestKey !== undefined && key.endsWith(`:request:default:${requestKey}`)) {
-        out.push(key);
-      }
+  for (const key of await scanKeys(redis, `${prefix}*`)) {
+    if (key.includes(`{${runId}}`) || key.endsWith(`:${runId}`)) out.push(key);
+    else if (requestKey !== undefined && key.endsWith(`:request:default:${requestKey}`)) {
+      out.push(key);
     }
-  } while (cursor !== '0');
+  }
   return out.sort();
 }
 
