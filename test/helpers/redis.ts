@@ -42,10 +42,11 @@ function onCluster(redis: Redis): boolean {
 }
 
 /**
- * The connections to scan for keys: the client itself on one server; every master of a cluster
- * (each holds only the keys of its own slots), once the cluster client knows them.
+ * The servers that hold the data: the client itself on one server; on a cluster a connection to
+ * each master (each holds only the keys of its own slots), once the cluster client knows them.
+ * For what one server answers about itself (SCAN, INFO): on a cluster ask each of these.
  */
-async function scanTargets(redis: RedisClient): Promise<Redis[]> {
+export async function dataNodes(redis: RedisClient): Promise<Redis[]> {
   if (!isCluster(redis)) return [redis];
   if (redis.status !== 'ready') {
     await new Promise<void>((resolve, reject) => {
@@ -59,7 +60,7 @@ async function scanTargets(redis: RedisClient): Promise<Redis[]> {
 /** Every key matching `pattern` (SCAN, never KEYS), over every master on a cluster. */
 export async function scanKeys(redis: Redis, pattern: string): Promise<string[]> {
   const found: string[] = [];
-  for (const node of await scanTargets(redis)) {
+  for (const node of await dataNodes(redis)) {
     let cursor = '0';
     do {
       const [next, keys] = await node.scan(cursor, 'MATCH', pattern, 'COUNT', 500);

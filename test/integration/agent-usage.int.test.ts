@@ -165,10 +165,16 @@ describe('usage of agent steps', () => {
       { text: 'Done.' },
     );
     const run = await runtime.start(plan(), 'Go.');
-    for (let i = 0; i < 200 && model.requestCount < 2; i++)
+    // Both calls answered and reconciled (the model server counts a request before it answers).
+    const reconciled = async () => {
+      const { reservations } = await runtime.usage(run.runId);
+      return reservations.length === 2 && reservations.every((r) => r.state === 'reconciled');
+    };
+    for (let i = 0; i < 200 && !(await reconciled()); i++)
       await new Promise((r) => setTimeout(r, 10));
     const before = (await runtime.usage(run.runId)).reservations;
     expect(before).toHaveLength(2);
+    expect(before.map((r) => r.state)).toEqual(['reconciled', 'reconciled']);
     const job = await runtimeCore(runtime).queues.queue.add(
       JobName.turn,
       { runId: run.runId, stepId: 'research', attempt: 1, turn: 0 },

@@ -20,7 +20,7 @@ import { silentLogger } from '../../src/logging.js';
 import type { ChatMessage, ModelReply } from '../../src/llm/messages.js';
 import type { MeteredCall } from '../../src/execution/usage-meter.js';
 import { runtimeCore } from '../../src/runtime.js';
-import { connect, deleteRuntimeKeys, redisUrl } from '../helpers/redis.js';
+import { connect, dataNodes, deleteRuntimeKeys, redisUrl } from '../helpers/redis.js';
 import { scriptedAgent, useScriptedModel } from '../helpers/scripted-agent.js';
 
 const model = useScriptedModel();
@@ -51,13 +51,14 @@ afterEach(async () => {
   await deleteRuntimeKeys(prefix);
 });
 
-/** The reserve scripts the runtime's connection ran, counted at the server. */
+/** The reserve scripts the runtime's connection ran, counted at the server (every master). */
 async function reserveCalls(): Promise<number> {
-  const stats = (await redis.info('commandstats')).split('\n');
   let n = 0;
-  for (const line of stats) {
-    const calls = /^cmdstat_(evalsha|eval):calls=(\d+)/.exec(line);
-    if (calls !== null) n += Number(calls[2]);
+  for (const node of await dataNodes(redis)) {
+    for (const line of (await node.info('commandstats')).split('\n')) {
+      const calls = /^cmdstat_(evalsha|eval):calls=(\d+)/.exec(line);
+      if (calls !== null) n += Number(calls[2]);
+    }
   }
   return n;
 }
