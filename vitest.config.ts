@@ -5,9 +5,10 @@ import { defineConfig } from 'vitest/config';
  * project): the driver, the ledger, agents, replay and the crash tests first, then the stores and
  * features whose keys live outside a run's hash tag (request keys, the run list, tenants' usage,
  * quotas and step cache, action keys, the queue, retention's expiries). Left out to keep the
- * project near four minutes on two cores: the files that test one server's own behaviour (a
- * server stopped or restarted, MONITOR, the CLI's start-up) and the slowest files that add no
- * key placement of their own (usage-conservation, atomic-journal, step-timeout).
+ * project near four minutes on two cores: the files about one server (a server stopped or
+ * restarted, write coalescing, MONITOR), the CLI, examples and web view files, and slow files
+ * that place no keys of their own (usage-conservation, atomic-journal, step-timeout,
+ * timeout-crash, tracing-crash).
  */
 const CLUSTER_SUITES = [
   'driver',
@@ -21,8 +22,6 @@ const CLUSTER_SUITES = [
   'action-keys-crash',
   'atomic-usage-crash',
   'call-approval-crash',
-  'timeout-crash',
-  'tracing-crash',
   'action-keys',
   'agent-atomic',
   'agent-usage',
