@@ -129,6 +129,22 @@ export class RuntimeQueues {
   }
 
   /**
+   * Adds every job the run's snapshot says is due, as {@link enqueueDue} does, after removing each
+   * finished job (completed or failed) that has the id of one of them. For a run whose last commits
+   * were taken back (a failover to a replica that lagged): a unit due again may be one whose job
+   * already ran, and BullMQ keeps a finished job's id a while and ignores an add under it.
+   */
+  async redriveDue(runId: string, envelope: { snapshot: RunSnapshot }): Promise<void> {
+    for (const spec of dueJobs(runId, envelope.snapshot, this.#clock())) {
+      const job = await this.queue.getJob(spec.opts.jobId);
+      if (job === undefined) continue;
+      const state = await job.getState();
+      if (state === 'completed' || state === 'failed') await job.remove();
+    }
+    await this.enqueueDue(runId, envelope);
+  }
+
+  /**
    * After a commit: adds the units its transition planned (a refused event changed nothing, so
    * then what the snapshot says is due is added, as after any guard).
    */

@@ -21,6 +21,7 @@ import { duplicateClient } from '../persistence/connection.js';
 import type { RuntimeCore } from '../actors/core.js';
 import { JobName, type JobData } from '../actors/jobs.js';
 import { processStartJob } from './start-job.js';
+import { reconcileEnded } from './reconcile.js';
 import { createWorkerRegistry, type UnitEnd, type WorkerStatus } from './registry.js';
 import { preloadTokenizers } from '../llm/tokens.js';
 
@@ -256,8 +257,9 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
   }
 
   /**
-   * Hands the due work of every unfinished run to the queue again (ids make repeats harmless).
-   * At start (`relist`), a run missing from the run list is listed again.
+   * Hands the due work of every unfinished run to the queue again (ids make repeats harmless),
+   * then checks the runs that ended lately (`reconcileEnded`: one whose end was taken back is
+   * driven again). At start (`relist`), a run missing from the run list is listed again.
    */
   async function recover(relist = true): Promise<void> {
     await core.stores.activeRuns.forEach(async (runId) => {
@@ -279,6 +281,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
         });
       }
     });
+    if (!closing.signal.aborted) await reconcileEnded(core, closing.signal);
   }
 
   return {
