@@ -58,7 +58,10 @@ export interface WorkerOptions {
    * again under its unit's job id (a unit that has a job is not added twice), so a run left with
    * due work and no job (a start that could not queue it, a job lost) is driven again. The set of
    * active runs is walked in batches (`SSCAN`), and each run's snapshot is read without its
-   * outputs. 0: no periodic sweep (only the one at start, with `recoverOnStart`).
+   * outputs. Each sweep also reads the status of the runs that ended within the runtime's
+   * `endedRunsCheckMs` and drives again one whose snapshot no longer says it ended (a failover
+   * that took back its last commits). 0: no periodic sweep (only the one at start, with
+   * `recoverOnStart`).
    * @defaultValue 30000
    */
   sweepEveryMs?: number;
