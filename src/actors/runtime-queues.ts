@@ -15,7 +15,9 @@ import {
   JobName,
   parseCarrierNote,
   deadlineJobId,
+  isUnitJobOf,
   plannedJobs,
+  unitJobsGlob,
   type JobData,
   type JobSpec,
 } from './jobs.js';
@@ -129,17 +131,35 @@ export class RuntimeQueues {
   }
 
   /**
-   * Adds every job the run's snapshot says is due, as {@link enqueueDue} does, after removing each
-   * finished job (completed or failed) that has the id of one of them. For a run whose last commits
-   * were taken back (a failover to a replica that lagged): a unit due again may be one whose job
-   * already ran, and BullMQ keeps a finished job's id a while and ignores an add under it.
+   * Removes every finished job (completed or failed) of the run's units, then adds every job the
+   * run's snapshot says is due, as {@link enqueueDue} does. For a run whose last commits were taken
+   * back (a failover to a replica that lagged): the units it does again (the one due now, and those
+   * each commit makes due next) have the ids of jobs that already ran, and BullMQ keeps a finished
+   * job's id a while and ignores an add under it. Removing one of a unit that stays committed is
+   * harmless: a job added under its id again finds the unit done. Walks the queue's finished sets
+   * (`ZSCAN`, up to BullMQ's 20 000 kept of each).
    */
   async redriveDue(runId: string, envelope: { snapshot: RunSnapshot }): Promise<void> {
-    for (const spec of dueJobs(runId, envelope.snapshot, this.#clock())) {
-      const job = await this.queue.getJob(spec.opts.jobId);
-      if (job === undefined) continue;
-      const state = await job.getState();
-      if (state === 'completed' || state === 'failed') await job.remove();
+    const queue = this.queue;
+    const redis = this.#queueConnection;
+    for (const set of [queue.keys['completed'], queue.keys['failed']]) {
+      if (set === undefined) continue;
+      let cursor = '0';
+      do {
+        const [next, flat] = await redis.zscan(
+          set,
+          cursor,
+          'MATCH',
+          unitJobsGlob(runId),
+          'COUNT',
+          1000,
+        );
+        cursor = next;
+        for (let i = 0; i < flat.length; i += 2) {
+          const id = flat[i] as string;
+          if (isUnitJobOf(id, runId)) await queue.remove(id);
+        }
+      } while (cursor !== '0');
     }
     await this.enqueueDue(runId, envelope);
   }

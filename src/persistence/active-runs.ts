@@ -29,9 +29,9 @@ export interface EndedRun {
 export type Reinstated =
   /** The run was put back among the active runs: nothing listed it. */
   | 'reinstated'
-  /** The run was among the active runs already (resumed): only its note was dropped. */
+  /** The run was among the active runs already (resumed, or put back by another sweep). */
   | 'active'
-  /** Nothing: the run ended again meanwhile, or another worker took care of it. */
+  /** Nothing: its note changed meanwhile (it ended again, or a sweep dropped the note). */
   | 'changed';
 
 /** Reads and writes the active runs of one prefix. */
@@ -58,8 +58,9 @@ export interface ActiveRuns {
    */
   forEachEnded(each: (runs: EndedRun[]) => Promise<void>, count?: number): Promise<void>;
   /**
-   * Puts a run that ended (as `run` says) back among the active runs and drops its note, in one
-   * script, unless its note changed meanwhile (it ended again, or another worker did this).
+   * Puts a run that ended (as `run` says) back among the active runs, unless its note changed
+   * meanwhile (it ended again since, which took it out again): one script. The note stays, for
+   * {@link forget} once the run is driven again.
    */
   reinstate(run: EndedRun): Promise<Reinstated>;
   /** Drops the note of a run that ended, unless it changed meanwhile; whether it did. */
@@ -104,21 +105,20 @@ return 1
 `;
 
 /*
- * settle: drops a run's note if it still says the run ended at ARGV[2]; with ARGV[3] 'reinstate',
- * also adds the run to the active runs.
+ * settle: if the run's note still says it ended at ARGV[2], adds the run to the active runs
+ * (ARGV[3] 'reinstate') or drops the note (ARGV[3] 'forget').
  *   KEYS[1] the active runs (SET)   KEYS[2] the runs that ended lately (ZSET)
  *   Returns -1 the note changed (nothing done); else SADD's reply (1 added, 0 was there), or 1
  */
 const SETTLE = `
 local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if not score or tonumber(score) ~= tonumber(ARGV[2]) then return -1 end
-redis.call('ZREM', KEYS[2], ARGV[1])
-if ARGV[3] ~= 'reinstate' then return 1 end
-return redis.call('SADD', KEYS[1], ARGV[1])
+if ARGV[3] == 'reinstate' then return redis.call('SADD', KEYS[1], ARGV[1]) end
+return redis.call('ZREM', KEYS[2], ARGV[1])
 `;
 
 const ENDED_COMMAND = 'flujoActiveRuns_ended_v1';
-const SETTLE_COMMAND = 'flujoActiveRuns_settle_v1';
+const SETTLE_COMMAND = 'flujoActiveRuns_settle_v2';
 type Script = (...args: string[]) => Promise<number>;
 
 /** Creates the {@link ActiveRuns} of `keys`' prefix on `redis`. */

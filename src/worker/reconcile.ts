@@ -8,11 +8,15 @@
  * Each sweep reads the status of every run noted within the window (one HGET each, a page at a
  * time) and settles the notes:
  * - the run still ended (succeeded, failed, cancelled): its note stays until the window drops it;
- * - the run goes on and is among the active runs (it was resumed): the note is dropped;
- * - the run goes on and is not: it is put back among the active runs (one script, which also drops
- *   the note, so one worker does it), its keys lose the expiry its end gave those in other slots,
- *   its run-list entry is reopened, and its due units are enqueued again, a finished job under a
- *   unit's id replaced; a warning is logged;
+ * - the run goes on: one script puts it back among the active runs unless its note changed (it
+ *   ended again since), and the worker whose script added it logs a warning; then its keys in other
+ *   slots lose the expiry its end gave them, its run-list entry is reopened, the run's finished
+ *   unit jobs are removed from the queue (BullMQ would ignore an add under their ids, and the units
+ *   it does again have them), its due units are enqueued, and its note is dropped. All of it is
+ *   harmless to repeat (a unit's guard makes a second job of it a no-op), so a run already active
+ *   (resumed, or put back by a sweep that did not finish) gets the same; a crash or a Redis error
+ *   before the note is dropped leaves it for the next sweep (an error is logged, and the sweep goes
+ *   on with the next run);
  * - the run is gone: when retention removed it (its tombstone is there), the note is dropped;
  *   otherwise its start was taken back too (nothing is left to drive: no plan, no input), the note
  *   is dropped and a warning is logged.
@@ -34,7 +38,14 @@ export async function reconcileEnded(core: RuntimeCore, closing: AbortSignal): P
       const status = statuses[i] ?? null;
       if (status !== null && ENDED_STATUSES.has(status)) continue;
       if (closing.aborted) return;
-      await settleEnded(core, run, status);
+      try {
+        await settleEnded(core, run, status);
+      } catch (error) {
+        core.log.warn(
+          { runId: run.runId, endedAt: run.endedAt, err: error },
+          'checking a run that ended failed; the next sweep tries again',
+        );
+      }
     }
   });
 }
@@ -60,12 +71,16 @@ async function settleEnded(core: RuntimeCore, run: EndedRun, status: string | nu
   const { snapshot } = env;
   // A snapshot stored before the run's status was kept apart: the whole snapshot tells.
   if (snapshot.status !== 'active' || snapshot.value === 'failed') return;
-  if ((await activeRuns.reinstate(run)) !== 'reinstated') return;
-  core.log.warn(
-    { runId, endedAt, status },
-    'a run that ended is going on again (its last commits were lost, as by a failover to a replica that lagged, or a resume did not finish): it is active again and driven on',
-  );
+  const reinstated = await activeRuns.reinstate(run);
+  if (reinstated === 'changed') return;
+  if (reinstated === 'reinstated') {
+    core.log.warn(
+      { runId, endedAt, status },
+      'a run that ended is going on again (its last commits were lost, as by a failover to a replica that lagged, or a resume did not finish): it is active again and driven on',
+    );
+  }
   await core.meta.resumed(runId);
   await core.stores.runs.reopened(runId);
   await core.queues.redriveDue(runId, env);
+  await activeRuns.forget(run);
 }

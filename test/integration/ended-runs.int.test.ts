@@ -215,6 +215,55 @@ describe('runs that ended lately', () => {
     }
   });
 
+  it('drive a run put back among the active runs by a sweep that stopped there, without a second warning', async () => {
+    const worker = runtime.createWorker({ sweepEveryMs: 0, chainMs: 0 });
+    await worker.ready();
+    const saved = await runWithSavedState(runtime, 'half');
+    const endedAt = await waitEnded('half');
+    await worker.close();
+    await restoreRun('half', saved);
+    // A sweep put it back and died before it enqueued anything: the jobs of b and c are done.
+    await redis.sadd(keys.activeRuns(), 'half');
+    const next = runtime.createWorker({ sweepEveryMs: 0, chainMs: 0 });
+    try {
+      await next.ready();
+      const handle = await runtime.attach('half');
+      expect((await handle.settled({ timeoutMs: 5000 })).status).toBe('succeeded');
+      expect(counts('half')).toEqual([1, 2, 2]);
+      expect(warnings).toEqual([]);
+      expect(await waitEnded('half')).toBeGreaterThan(endedAt);
+    } finally {
+      await next.close();
+    }
+  });
+
+  it('drop the note of a failed run that was resumed, with no warning', async () => {
+    const flaky: PlanInput = {
+      name: 'flaky',
+      steps: [{ id: 'a', kind: 'operator', operator: 'flaky', retry: { maxAttempts: 1 } }],
+    };
+    let failing = true;
+    runtime.operator('flaky', () => {
+      if (failing) throw Object.assign(new Error('not yet'), { retryable: false });
+      return null;
+    });
+    const worker = runtime.createWorker({ sweepEveryMs: 200 });
+    try {
+      await worker.ready();
+      const handle = await runtime.start(flaky, null, { runId: 'resumed' });
+      expect((await handle.settled({ timeoutMs: 5000 })).status).toBe('failed');
+      await waitEnded('resumed');
+      failing = false;
+      await runtime.resume('resumed');
+      expect((await handle.settled({ timeoutMs: 5000 })).status).toBe('succeeded');
+      await new Promise((r) => setTimeout(r, 500)); // a few sweeps
+      expect(warnings).toEqual([]);
+      expect(await redis.sismember(keys.activeRuns(), 'resumed')).toBe(0);
+    } finally {
+      await worker.close();
+    }
+  });
+
   it('leave a run that stayed ended untouched', async () => {
     const worker = runtime.createWorker({ sweepEveryMs: 200 });
     try {
