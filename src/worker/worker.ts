@@ -260,8 +260,9 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
   }
 
   /**
-   * Hands the due work of every unfinished run to the queue again (ids make repeats harmless),
-   * then checks the runs that ended lately (`reconcileEnded`: one whose end was taken back is
+   * Hands the due work of every unfinished run to the queue again (ids make repeats harmless; a
+   * due unit whose job finished with no commit since has the run's finished jobs replaced), then
+   * checks the runs that ended lately (`reconcileEnded`: one whose end was taken back is
    * driven again). At start (`relist`), a run missing from the run list is listed again.
    */
   async function recover(relist = true): Promise<void> {
@@ -272,7 +273,15 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
         await core.stores.activeRuns.remove(runId);
         return;
       }
-      await core.queues.enqueueDue(runId, env);
+      const finished = await core.queues.sweepDue(runId, env, (id) =>
+        core.stores.store.version(id),
+      );
+      if (finished.length > 0) {
+        core.log.warn(
+          { runId, jobIds: finished },
+          "a unit of an active run is due but its job has finished with no commit since (the commit was lost, as by a failover to a replica that lagged, or the job gave up): the run's finished jobs are replaced and it is driven on",
+        );
+      }
       // A run started before the run list existed (or whose entry was lost) is listed again.
       if (relist && !(await core.stores.runs.has(runId))) {
         const meta = await core.meta.read(runId);
