@@ -118,7 +118,7 @@ return redis.call('ZREM', KEYS[2], ARGV[1])
 `;
 
 const ENDED_COMMAND = 'flujoActiveRuns_ended_v1';
-const SETTLE_COMMAND = 'flujoActiveRuns_settle_v2';
+const SETTLE_COMMAND = 'flujoActiveRuns_settle_v1';
 type Script = (...args: string[]) => Promise<number>;
 
 /** Creates the {@link ActiveRuns} of `keys`' prefix on `redis`. */
