@@ -9,6 +9,7 @@ import { asCommandClient, duplicateClient, openRedis } from '../persistence/conn
 import { createDefaultLogger, type Logger } from '../logging.js';
 import { parsePricing, type PricingTable } from '../llm/pricing.js';
 import { parseRetentionOptions, type RetentionOptions } from '../persistence/retention.js';
+import { checkEndedRunsWindow } from '../persistence/active-runs.js';
 import { resolveCacheLimits } from '../persistence/cache-store.js';
 import { createModelContext, type ModelContext } from '../execution/model-context.js';
 import { createUsageMeter, type UsageMeter } from '../execution/usage-meter.js';
@@ -103,6 +104,15 @@ export interface CoreOptions {
    * @defaultValue `{ finishedRunsMs: 7 days }` (failed runs kept)
    */
   retention?: RetentionOptions;
+  /**
+   * How long after a run ended the workers' sweeps check that it stayed ended, in ms. A run that
+   * ends is noted, beside the active runs, with the time it ended; each sweep (`sweepEveryMs`)
+   * reads the status of every run noted within this window, and a run whose snapshot no longer
+   * says it ended (on Redis Cluster, a failover of its slot to a replica that lagged took back its
+   * last commits) is made active again and driven on. 0: runs that ended are not noted nor
+   * checked. @defaultValue 15 minutes
+   */
+  endedRunsCheckMs?: number;
   /** Storage of cached step outputs (`cachePolicy`), shared by the tenant's runs. */
   cache?: {
     /** How long an entry is kept after it is stored, in ms (an external one at most its `ttlMs`). @defaultValue 7 days */
@@ -137,6 +147,7 @@ function checkOptions(options: CoreOptions) {
     ]);
   }
   const retention = parseRetentionOptions(options.retention);
+  const endedRunsCheckMs = checkEndedRunsWindow(options.endedRunsCheckMs, 'endedRunsCheckMs');
   const cacheLimits = resolveCacheLimits(options.cache ?? {});
   let redisTimeoutMs: number;
   try {
@@ -150,6 +161,7 @@ function checkOptions(options: CoreOptions) {
     onStepFailure: options.onStepFailure,
     policyVersion,
     retention,
+    endedRunsCheckMs,
     cacheLimits,
     redisTimeoutMs,
   };
@@ -203,7 +215,7 @@ export class RuntimeCore {
     const checked = checkOptions(options);
     this.onStepFailure = checked.onStepFailure;
     this.policyVersion = checked.policyVersion;
-    const { retention, cacheLimits } = checked;
+    const { retention, cacheLimits, endedRunsCheckMs } = checked;
     this.redisTimeoutMs = checked.redisTimeoutMs;
     this.ownsRedis = typeof options.redis === 'string';
     this.redis =
@@ -220,6 +232,7 @@ export class RuntimeCore {
       givenClock: options.clock,
       blobs: blobOptions,
       retention,
+      endedRunsCheckMs,
       cacheLimits,
     });
     this.meta = new RuntimeMeta(this.stores, this.tenantId);

@@ -72,6 +72,20 @@ export function retryJobId(runId: string, stepId: string, attempt: number): stri
   return `r|${enc(runId)}|${stepId}|${attempt}`;
 }
 
+/**
+ * A glob (Redis `MATCH`) that the ids of the run's unit jobs (step, turn and retry jobs) match, and
+ * some others: check each id with {@link isUnitJobOf}.
+ */
+export function unitJobsGlob(runId: string): string {
+  return `?|${enc(runId).replace(/[*?[\]\\]/g, (c) => `\\${c}`)}|*`;
+}
+
+/** Whether `jobId` is the id of one of the run's unit jobs (a step, turn or retry job). */
+export function isUnitJobOf(jobId: string, runId: string): boolean {
+  const [kind, run] = jobId.split('|');
+  return (kind === 's' || kind === 't' || kind === 'r') && run === enc(runId);
+}
+
 /** The id of the run's wall-clock deadline job. */
 export function deadlineJobId(runId: string): string {
   return `d|${enc(runId)}`;

@@ -95,9 +95,10 @@ export class RuntimeMeta {
   /**
    * A run that ended (succeeded, failed, cancelled): its keys get their expiry (none for a failed
    * run without `retention.failedRunsMs`: it is kept until resumed), then it leaves the active
-   * runs either way (a failed run that is resumed joins them again). In that order: a crash in
-   * between leaves it active, so the next worker start (or a redelivered job) comes here again and
-   * finishes the job.
+   * runs either way (a failed run that is resumed joins them again), noted among the runs that
+   * ended lately in the same script (which the sweeps check for a run whose end was taken back).
+   * In that order: a crash in between leaves it active, so the next sweep (or a redelivered job)
+   * comes here again and finishes the job.
    */
   async ended(runId: string): Promise<void> {
     const meta = await this.read(runId);
@@ -106,7 +107,7 @@ export class RuntimeMeta {
       stepIds: meta.plan.steps.map((s) => s.id),
       requestKey: meta.requestKey === '' ? null : meta.requestKey,
     });
-    await this.#stores.activeRuns.remove(runId);
+    await this.#stores.activeRuns.ended(runId);
   }
 
   /** A resumed run: it keeps its keys again (no expiry). */

@@ -15,7 +15,9 @@ import {
   JobName,
   parseCarrierNote,
   deadlineJobId,
+  isUnitJobOf,
   plannedJobs,
+  unitJobsGlob,
   type JobData,
   type JobSpec,
 } from './jobs.js';
@@ -114,18 +116,101 @@ export class RuntimeQueues {
     self?: string,
   ): Promise<void> {
     const { snapshot } = envelope;
-    let jobs = dueJobs(runId, snapshot, this.#clock());
+    const jobs = await this.#dueUncarried(runId, envelope, self);
+    if (jobs.length > 0) await this.add(jobs);
+    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#meta.ended(runId);
+  }
+
+  /** The jobs the run's snapshot says are due, but a unit an active carrier runs (see above). */
+  async #dueUncarried(
+    runId: string,
+    envelope: { snapshot: RunSnapshot; carrier?: string },
+    self?: string,
+  ): Promise<JobSpec[]> {
+    const jobs = dueJobs(runId, envelope.snapshot, this.#clock());
     const carried = parseCarrierNote(envelope.carrier);
     if (carried !== null && carried.job !== self) {
       const i = jobs.findIndex((j) => j.opts.jobId === carried.unit);
       // Active includes a carrier whose worker died and whose lock has not lapsed yet: the stalled
       // check hands it back to the queue, and its guard (here, as `self`) gives the unit its job.
       if (i >= 0 && (await this.queue.getJobState(carried.job)) === 'active') {
-        jobs = jobs.filter((_, k) => k !== i);
+        return jobs.filter((_, k) => k !== i);
       }
     }
-    if (jobs.length > 0) await this.add(jobs);
+    return jobs;
+  }
+
+  /**
+   * The ids among `jobIds` of jobs that have finished (completed or failed): two `ZSCORE`s each on
+   * the queue's slot, sent at once (no pipeline object: it costs more than the commands).
+   */
+  async finishedJobs(jobIds: readonly string[]): Promise<string[]> {
+    if (jobIds.length === 0) return [];
+    const { completed, failed } = this.queue.keys;
+    const redis = this.#queueConnection;
+    const scores = await Promise.all(
+      jobIds.flatMap((id) => [redis.zscore(completed!, id), redis.zscore(failed!, id)]),
+    );
+    return jobIds.filter((_, i) => scores[2 * i] !== null || scores[2 * i + 1] !== null);
+  }
+
+  /**
+   * What a sweep does with an active run: {@link enqueueDue}, unless the job of a unit the snapshot
+   * says is due has finished and the run's version is still the one read (`envelope.version`), so
+   * no commit followed that job: the commit it made was taken back (a failover to a replica that
+   * lagged) or the job gave up. Then the run's finished jobs are replaced ({@link redriveDue}), and
+   * the ids of the due units whose jobs had finished are returned (else an empty list).
+   */
+  async sweepDue(
+    runId: string,
+    envelope: { snapshot: RunSnapshot; carrier?: string; version: number },
+    version: (runId: string) => Promise<number | null>,
+  ): Promise<string[]> {
+    const { snapshot } = envelope;
+    const jobs = await this.#dueUncarried(runId, envelope);
+    // Sent together: an add under a finished job's id is a no-op, so the check costs no round trip.
+    const [finished] = await Promise.all([
+      this.finishedJobs(jobs.map((j) => j.opts.jobId)),
+      jobs.length > 0 ? this.add(jobs) : undefined,
+    ]);
     if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#meta.ended(runId);
+    if (finished.length === 0 || (await version(runId)) !== envelope.version) return [];
+    await this.redriveDue(runId, envelope);
+    return finished;
+  }
+
+  /**
+   * Removes every finished job (completed or failed) of the run's units, then adds every job the
+   * run's snapshot says is due, as {@link enqueueDue} does. For a run whose last commits were taken
+   * back (a failover to a replica that lagged): the units it does again (the one due now, and those
+   * each commit makes due next) have the ids of jobs that already ran, and BullMQ keeps a finished
+   * job's id a while and ignores an add under it. Removing one of a unit that stays committed is
+   * harmless: a job added under its id again finds the unit done. Walks the queue's finished sets
+   * (`ZSCAN`, up to BullMQ's 20 000 kept of each).
+   */
+  async redriveDue(runId: string, envelope: { snapshot: RunSnapshot }): Promise<void> {
+    const queue = this.queue;
+    const redis = this.#queueConnection;
+    for (const set of [queue.keys['completed'], queue.keys['failed']]) {
+      if (set === undefined) continue;
+      let cursor = '0';
+      do {
+        const [next, flat] = await redis.zscan(
+          set,
+          cursor,
+          'MATCH',
+          unitJobsGlob(runId),
+          'COUNT',
+          1000,
+        );
+        cursor = next;
+        for (let i = 0; i < flat.length; i += 2) {
+          const id = flat[i] as string;
+          if (isUnitJobOf(id, runId)) await queue.remove(id);
+        }
+      } while (cursor !== '0');
+    }
+    await this.enqueueDue(runId, envelope);
   }
 
   /**

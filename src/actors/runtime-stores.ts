@@ -38,6 +38,8 @@ export interface RuntimeStoresOptions {
   blobs: Pick<BlobStoreOptions, 'retentionMs' | 'maxBytesPerRun'>;
   /** How long finished and failed runs are kept, as checked. */
   retention: { finishedRunsMs: number; failedRunsMs: number | null };
+  /** How long a run that ended is noted for the sweeps to check (`CoreOptions.endedRunsCheckMs`), as checked. */
+  endedRunsCheckMs: number;
   /** The step cache's limits, as checked. */
   cacheLimits: Pick<CacheStoreOptions, 'retentionMs' | 'digestRetentionMs' | 'maxEntryBytes'>;
 }
@@ -90,7 +92,10 @@ export class RuntimeStores {
     });
     this.ledger = createLedger({ redis, prefix: keys.prefix, clock });
     this.runs = createRunIndex(redis, keys);
-    this.activeRuns = createActiveRuns(redis, keys);
+    this.activeRuns = createActiveRuns(redis, keys, {
+      endedWindowMs: options.endedRunsCheckMs,
+      clock,
+    });
     this.counters = createRunCounters(redis, keys);
     this.requestKeys = createRequestKeys(redis, keys);
     this.unitNotes = createUnitNotes(redis, keys);

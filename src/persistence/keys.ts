@@ -149,6 +149,12 @@ export interface Keys {
   /** SET of runs that have not ended: a starting worker re-enqueues their work. Not run-scoped. */
   activeRuns(): string;
   /**
+   * ZSET of the runs that ended lately, scored by when (epoch ms): `{<prefix>:active-runs}:ended`,
+   * whose hash tag is the whole name of {@link activeRuns}, so both live in one Redis Cluster slot
+   * and one script may move a run from one to the other.
+   */
+  endedRuns(): string;
+  /**
    * One cached step output: `<prefix>:{t:<tenantId>}:cache:<hash>` (STRING, JSON; TTL = the
    * cache's retention, or an external entry's `ttlMs`).
    */
@@ -316,6 +322,7 @@ export function createKeys(prefix: string = DEFAULT_KEY_PREFIX): Keys {
     cacheEntry: (tenantId, hash) => `${tenantKey(tenantId, 'cache')}:${cacheHash(hash)}`,
     cacheDigest: (tenantId, hash) => `${tenantKey(tenantId, 'cache-digest')}:${cacheHash(hash)}`,
     activeRuns: () => `${prefix}:active-runs`,
+    endedRuns: () => `{${prefix}:active-runs}:ended`,
     runIndex: () => `{${prefix}:runs}:index`,
     runInfo: () => `{${prefix}:runs}:info`,
     progress: (runId) => runKey(runId, RunKeyKind.Progress),

@@ -21,6 +21,7 @@ import { duplicateClient } from '../persistence/connection.js';
 import type { RuntimeCore } from '../actors/core.js';
 import { JobName, type JobData } from '../actors/jobs.js';
 import { processStartJob } from './start-job.js';
+import { reconcileEnded } from './reconcile.js';
 import { createWorkerRegistry, type UnitEnd, type WorkerStatus } from './registry.js';
 import { preloadTokenizers } from '../llm/tokens.js';
 
@@ -57,7 +58,10 @@ export interface WorkerOptions {
    * again under its unit's job id (a unit that has a job is not added twice), so a run left with
    * due work and no job (a start that could not queue it, a job lost) is driven again. The set of
    * active runs is walked in batches (`SSCAN`), and each run's snapshot is read without its
-   * outputs. 0: no periodic sweep (only the one at start, with `recoverOnStart`).
+   * outputs. Each sweep also reads the status of the runs that ended within the runtime's
+   * `endedRunsCheckMs` and drives again one whose snapshot no longer says it ended (a failover
+   * that took back its last commits). 0: no periodic sweep (only the one at start, with
+   * `recoverOnStart`).
    * @defaultValue 30000
    */
   sweepEveryMs?: number;
@@ -256,8 +260,10 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
   }
 
   /**
-   * Hands the due work of every unfinished run to the queue again (ids make repeats harmless).
-   * At start (`relist`), a run missing from the run list is listed again.
+   * Hands the due work of every unfinished run to the queue again (ids make repeats harmless; a
+   * due unit whose job finished with no commit since has the run's finished jobs replaced), then
+   * checks the runs that ended lately (`reconcileEnded`: one whose end was taken back is
+   * driven again). At start (`relist`), a run missing from the run list is listed again.
    */
   async function recover(relist = true): Promise<void> {
     await core.stores.activeRuns.forEach(async (runId) => {
@@ -267,7 +273,15 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
         await core.stores.activeRuns.remove(runId);
         return;
       }
-      await core.queues.enqueueDue(runId, env);
+      const finished = await core.queues.sweepDue(runId, env, (id) =>
+        core.stores.store.version(id),
+      );
+      if (finished.length > 0) {
+        core.log.warn(
+          { runId, jobIds: finished },
+          "a unit of an active run is due but its job has finished with no commit since (the commit was lost, as by a failover to a replica that lagged, or the job gave up): the run's finished jobs are replaced and it is driven on",
+        );
+      }
       // A run started before the run list existed (or whose entry was lost) is listed again.
       if (relist && !(await core.stores.runs.has(runId))) {
         const meta = await core.meta.read(runId);
@@ -279,6 +293,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
         });
       }
     });
+    if (!closing.signal.aborted) await reconcileEnded(core, closing.signal);
   }
 
   return {

@@ -91,6 +91,7 @@ export async function deleteRuntimeKeys(prefix: string): Promise<void> {
     await deletePrefix(redis, prefix);
     await deletePrefix(redis, `{${prefix}:q}`);
     await deletePrefix(redis, `{${prefix}:runs}`);
+    await deletePrefix(redis, `{${prefix}:active-runs}`);
   } finally {
     redis.disconnect();
   }

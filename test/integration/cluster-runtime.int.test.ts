@@ -207,6 +207,63 @@ describe('the runtime on a Redis Cluster (3 masters, 3 replicas)', () => {
     }
   });
 
+  it('a run whose slot went back after its end (its keys restored) is driven again from there', async () => {
+    const prefix = testPrefix();
+    const rt = createRuntime({ redis: client, prefix, logger });
+    const calls = new Map<string, number>();
+    let entered!: () => void;
+    let release!: () => void;
+    const inB = new Promise<void>((r) => (entered = r));
+    const released = new Promise<void>((r) => (release = r));
+    rt.operator('count', async ({ stepId }) => {
+      const n = (calls.get(stepId) ?? 0) + 1;
+      calls.set(stepId, n);
+      if (stepId === 's1' && n === 1) {
+        entered();
+        await released;
+      }
+      return { n };
+    });
+    const runKeys = async () => [...(await runKeySlots(prefix, 'back')).keys()];
+    const ended = `{${prefix}:active-runs}:ended`;
+    expect(await client.cluster('KEYSLOT', ended)).toBe(
+      await client.cluster('KEYSLOT', `${prefix}:active-runs`),
+    );
+    try {
+      const worker = rt.createWorker({ sweepEveryMs: 0, chainMs: 0 });
+      await worker.ready();
+      const run = await rt.start({ name: 'back', steps: chain(3, 'count') }, null, {
+        runId: 'back',
+      });
+      await inB;
+      // The run's keys as a replica that lagged would have them: s0 committed, s1 running.
+      const saved = new Map<string, Buffer>();
+      for (const key of await runKeys()) saved.set(key, await client.dumpBuffer(key));
+      release();
+      expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
+      const until = Date.now() + 10_000;
+      while ((await client.zscore(ended, 'back')) === null && Date.now() < until) {
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      await worker.close();
+      expect(await client.sismember(`${prefix}:active-runs`, 'back')).toBe(0);
+      await client.del(...(await runKeys()));
+      for (const [key, dump] of saved) await client.restore(key, 0, dump, 'REPLACE');
+      expect((await run.status()).status).toBe('running');
+      // One job per unit: s2's job is added again under the id of the job that ran it.
+      const next = rt.createWorker({ sweepEveryMs: 0, chainMs: 0 });
+      try {
+        await next.ready();
+        expect((await run.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
+        expect(['s0', 's1', 's2'].map((s) => calls.get(s))).toEqual([1, 2, 2]);
+      } finally {
+        await next.close();
+      }
+    } finally {
+      await rt.close();
+    }
+  });
+
   it('nothing was answered with CROSSSLOT or refused for keys of several slots', () => {
     const crossing = seen.filter((s) => /CROSSSLOT|same slot|slots allocation/i.test(s));
     expect(crossing).toEqual([]);

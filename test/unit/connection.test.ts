@@ -117,6 +117,11 @@ describe('key slots', () => {
     }
     expect(keySlot(k.runIndex())).toBe(keySlot(k.runInfo()));
     expect(keySlot(k.runUsage('acme', run))).toBe(keySlot(k.tenantQuota('acme')));
+    // The runs that ended lately sit beside the active runs: one script moves a run between them.
+    for (const prefix of ['flujo', 't-1', 'a:b']) {
+      const p = createKeys(prefix);
+      expect(keySlot(p.endedRuns())).toBe(keySlot(p.activeRuns()));
+    }
   });
 });
 

@@ -3,12 +3,16 @@ import { advanceRun, startRun, type RunSnapshot } from '../../src/machines/kerne
 import type { RunEvent } from '../../src/schemas/events.js';
 import {
   carrierNote,
+  deadlineJobId,
   dueJobs,
+  isUnitJobOf,
   parseCarrierNote,
+  retryJobId,
   soleUnit,
   stepJobId,
   turnJobId,
   unitJobOf,
+  unitJobsGlob,
 } from '../../src/actors/jobs.js';
 import { e, planOf, T0 } from '../helpers/run-trace.js';
 
@@ -109,6 +113,43 @@ describe('carrier notes', () => {
   it('read nothing from an absent or malformed note', () => {
     for (const bad of [undefined, '', 'one', ' lead', 'trail ']) {
       expect(parseCarrierNote(bad)).toBeNull();
+    }
+  });
+});
+
+describe('the unit jobs of one run', () => {
+  /** Redis's glob, enough of it: `?`, `*`, and a backslash that escapes the next character. */
+  const globMatches = (glob: string, text: string): boolean => {
+    let source = '';
+    for (let i = 0; i < glob.length; i++) {
+      const c = glob[i]!;
+      if (c === '\\') source += `\\${glob[++i]!}`;
+      else if (c === '*') source += '.*';
+      else if (c === '?') source += '.';
+      else source += c.replace(/[.+^${}()|[\]]/g, (m) => `\\${m}`);
+    }
+    return new RegExp(`^${source}$`, 's').test(text);
+  };
+
+  it("are told apart from other runs' jobs, whatever the run id holds", () => {
+    for (const run of ['r1', 'a*b', 'x?[y]\\z', 'a|b', 'caf\u00e9 1']) {
+      const mine = [
+        stepJobId(run, 's', 1),
+        stepJobId(run, 's', 2, 1),
+        turnJobId(run, 's', 1, 3),
+        retryJobId(run, 's', 2),
+      ];
+      const others = [
+        stepJobId(`${run}x`, 's', 1),
+        stepJobId('r', 's', 1),
+        turnJobId(`x${run}`, 's', 1, 0),
+        deadlineJobId(run),
+      ];
+      for (const id of mine) {
+        expect(isUnitJobOf(id, run)).toBe(true);
+        expect(globMatches(unitJobsGlob(run), id)).toBe(true);
+      }
+      for (const id of others) expect(isUnitJobOf(id, run)).toBe(false);
     }
   });
 });
