@@ -362,6 +362,7 @@ export async function admitLoaded(
     state.attempt !== data.attempt ||
     (state.pauses ?? 0) !== (data.pause ?? 0)
   ) {
+    await core.stores.acknowledgeRead(runId);
     await core.queues.enqueueDue(runId, env, self);
     return 'already-done';
   }

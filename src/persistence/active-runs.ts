@@ -4,6 +4,7 @@
  * to hand every unfinished run's due work to the queue again.
  */
 import type { Redis } from 'ioredis';
+import type { ReplicaAck } from './replicas.js';
 import type { Keys } from './keys.js';
 
 /** Reads and writes the active runs of one prefix. */
@@ -20,11 +21,13 @@ export interface ActiveRuns {
 }
 
 /** Creates the {@link ActiveRuns} of `keys`' prefix on `redis`. */
-export function createActiveRuns(redis: Redis, keys: Keys): ActiveRuns {
+export function createActiveRuns(redis: Redis, keys: Keys, replicas?: ReplicaAck): ActiveRuns {
   const key = keys.activeRuns();
   return {
     async add(runId) {
       await redis.sadd(key, runId);
+      // Before the run's first job: a sweep finds the run even if that job is lost.
+      if (replicas !== undefined) await replicas.ack(key);
     },
     async remove(runId) {
       await redis.srem(key, runId);

@@ -267,6 +267,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
         await core.stores.activeRuns.remove(runId);
         return;
       }
+      await core.stores.acknowledgeRead(runId);
       await core.queues.enqueueDue(runId, env);
       // A run started before the run list existed (or whose entry was lost) is listed again.
       if (relist && !(await core.stores.runs.has(runId))) {
