@@ -429,6 +429,36 @@ export class RedisUnavailableError extends FlujoError {
   }
 }
 
+/**
+ * Fewer replicas than `durability.replicas` acknowledged a write within `durability.timeoutMs`,
+ * tried three times. The write is on the master, and the runtime did not act on it (no effect, no
+ * next unit): retryable like any Redis trouble (code `redis_unavailable`).
+ */
+export class ReplicasBehindError extends RedisUnavailableError {
+  override name = 'ReplicasBehindError';
+  constructor(
+    readonly wanted: number,
+    readonly acknowledged: number,
+    readonly timeoutMs: number,
+    readonly key: string,
+    tries: number,
+  ) {
+    super(
+      `${acknowledged} of ${wanted} replica(s) acknowledged the write of "${key}" within ${timeoutMs} ms (${tries} tries). ` +
+        `The runtime does not act on a write its replicas lack, and tries again. Check that the master has ${wanted} replica(s) connected and keeping up (INFO replication), or lower durability.replicas.`,
+    );
+  }
+
+  override get details(): unknown {
+    return {
+      wanted: this.wanted,
+      acknowledged: this.acknowledged,
+      timeoutMs: this.timeoutMs,
+      key: this.key,
+    };
+  }
+}
+
 /** A bug: an internal invariant does not hold. The message starts with `INVARIANT:`. */
 export class InvariantError extends FlujoError {
   override name = 'InvariantError';

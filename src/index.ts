@@ -35,6 +35,7 @@ export {
   PolicyDeniedError,
   PricingNotConfiguredError,
   RedisUnavailableError,
+  ReplicasBehindError,
   ReservationNotFoundError,
   ResumeError,
   RevivedError,
@@ -202,6 +203,7 @@ export type {
 } from './runtime.js';
 export type { CoreOptions, StepFailureInfo } from './actors/core.js';
 export type { RetentionOptions } from './persistence/retention.js';
+export type { DurabilityOptions } from './persistence/replicas.js';
 // What `createRuntime({ inspect })` takes: an XState inspection observer.
 export type { InspectObserver } from './observability/inspect.js';
 export type { FlujoWorker, WorkerOptions } from './worker/worker.js';

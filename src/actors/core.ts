@@ -18,6 +18,12 @@ import { RuntimeMeta } from './runtime-meta.js';
 import { RuntimeQueues } from './runtime-queues.js';
 import { RuntimeRegistry } from './runtime-registry.js';
 import { RuntimeStores } from './runtime-stores.js';
+import {
+  checkDurability,
+  createReplicaAck,
+  type CheckedDurability,
+  type DurabilityOptions,
+} from '../persistence/replicas.js';
 
 /** What the `onStepFailure` hook is told about one failed attempt, after its commit. */
 export interface StepFailureInfo {
@@ -55,6 +61,15 @@ export interface CoreOptions {
    * connect and command timeout; workers reconnect until Redis is back. @defaultValue 2000
    */
   redisTimeoutMs?: number;
+  /**
+   * Replicas that must have a write before the runtime acts on it: `{ replicas: 1 }` sends
+   * `WAIT 1 timeoutMs` after every snapshot commit, run creation, tool-call lease, request key and
+   * active-runs entry, on the connection that wrote it, and goes on (runs the effect, enqueues the
+   * next unit) only once that many replicas acknowledged. A shortfall is tried three times, then
+   * fails the write's caller with a retryable `ReplicasBehindError`; nothing is acted on.
+   * @defaultValue none: a write counts once the master applied it
+   */
+  durability?: DurabilityOptions;
   /** Tenant of runs started without one. @defaultValue `'default'` */
   tenantId?: string;
   /** BullMQ queue name. @defaultValue `'runs'` */
@@ -158,6 +173,7 @@ function checkOptions(options: CoreOptions) {
     ]);
   }
   return {
+    durability: checkDurability(options.durability),
     onStepFailure: options.onStepFailure,
     policyVersion,
     retention,
@@ -184,6 +200,8 @@ export class RuntimeCore {
   readonly ownsRedis: boolean;
   /** See `CoreOptions.redisTimeoutMs`. */
   readonly redisTimeoutMs: number;
+  /** See `CoreOptions.durability`: undefined when no replica is waited for. */
+  readonly durability: CheckedDurability | undefined;
   /** Every Redis store of the runtime. */
   readonly stores: RuntimeStores;
   /** The runs' metadata, kept once read. */
@@ -217,6 +235,7 @@ export class RuntimeCore {
     this.policyVersion = checked.policyVersion;
     const { retention, cacheLimits, endedRunsCheckMs } = checked;
     this.redisTimeoutMs = checked.redisTimeoutMs;
+    this.durability = checked.durability;
     this.ownsRedis = typeof options.redis === 'string';
     this.redis =
       typeof options.redis === 'string'
@@ -234,6 +253,8 @@ export class RuntimeCore {
       retention,
       endedRunsCheckMs,
       cacheLimits,
+      replicas:
+        this.durability === undefined ? undefined : createReplicaAck(this.redis, this.durability),
     });
     this.meta = new RuntimeMeta(this.stores, this.tenantId);
     this.host = createRunHost({

@@ -27,6 +27,11 @@ import { createActiveRuns, type ActiveRuns } from '../persistence/active-runs.js
 import { createRunCounters, type RunCounters } from '../persistence/run-counters.js';
 import { createRequestKeys, type RequestKeys } from '../persistence/request-keys.js';
 import { createUnitNotes, type UnitNotes } from '../persistence/unit-notes.js';
+import type { ReplicaAck } from '../persistence/replicas.js';
+
+/** The unit-notes field {@link RuntimeStores.acknowledgeRead} writes: not a step id (see STEP_ID_PATTERN). */
+const READ_ACK_FIELD = '~read';
+const WRITE_IF_THERE = `if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end return 0`;
 
 /** What the stores are built with, besides the connection and the keys. */
 export interface RuntimeStoresOptions {
@@ -42,6 +47,8 @@ export interface RuntimeStoresOptions {
   endedRunsCheckMs: number;
   /** The step cache's limits, as checked. */
   cacheLimits: Pick<CacheStoreOptions, 'retentionMs' | 'digestRetentionMs' | 'maxEntryBytes'>;
+  /** Writes acknowledged by replicas before the runtime acts on them, when asked for. */
+  replicas: ReplicaAck | undefined;
 }
 
 /**
@@ -81,23 +88,35 @@ export class RuntimeStores {
   /** Cached step outputs (`cachePolicy`), shared by a tenant's runs. */
   readonly cache: CacheStore;
 
+  readonly #redis: Redis;
+  readonly #replicas: ReplicaAck | undefined;
+
   constructor(redis: Redis, keys: Keys, options: RuntimeStoresOptions) {
-    const { clock } = options;
+    const { clock, replicas } = options;
+    this.#redis = redis;
+    this.#replicas = replicas;
     this.keys = keys;
     this.store = createSnapshotStore<RunSnapshot>({
       redis,
       prefix: keys.prefix,
       codec: createSnapshotCodec<RunSnapshot>(runSnapshotCodec),
       clock,
+      ...(replicas === undefined ? {} : { replicas }),
     });
-    this.ledger = createLedger({ redis, prefix: keys.prefix, clock });
+    this.ledger = createLedger({
+      redis,
+      prefix: keys.prefix,
+      clock,
+      ...(replicas === undefined ? {} : { replicas }),
+    });
     this.runs = createRunIndex(redis, keys);
     this.activeRuns = createActiveRuns(redis, keys, {
       endedWindowMs: options.endedRunsCheckMs,
       clock,
+      ...(replicas === undefined ? {} : { replicas }),
     });
     this.counters = createRunCounters(redis, keys);
-    this.requestKeys = createRequestKeys(redis, keys);
+    this.requestKeys = createRequestKeys(redis, keys, replicas);
     this.unitNotes = createUnitNotes(redis, keys);
     const stores = { redis, prefix: keys.prefix };
     this.journal = createModelJournal(stores);
@@ -117,6 +136,21 @@ export class RuntimeStores {
       clock,
     });
     this.cache = createCacheStore({ ...stores, ...options.cacheLimits });
+  }
+
+  /**
+   * Before the runtime acts on a run's state it read rather than wrote (a redelivered job that
+   * finds its unit committed and enqueues what is due, a sweep, a start tried again): with
+   * `durability`, the replicas must have that state too. A write of this connection to the run's
+   * master (a field of its unit notes that no step id can be) then a `WAIT` covers every earlier
+   * write to that master, whoever made it. Nothing without `durability`.
+   */
+  async acknowledgeRead(runId: string): Promise<void> {
+    if (this.#replicas === undefined) return;
+    const key = this.keys.started(runId);
+    // Only into notes that exist: a run removed by retention gets no key without an expiry.
+    await this.#redis.eval(WRITE_IF_THERE, 1, key, READ_ACK_FIELD, String(Date.now()));
+    await this.#replicas.ack(key);
   }
 
   /** The error for a run that is not there: removed by retention, or never there. */

@@ -217,6 +217,7 @@ async function checkTurnOrder(
       'turn job ahead of the committed turns: resuming from the committed turn',
     );
   }
+  await core.stores.acknowledgeRead(runId);
   await core.queues.enqueueDue(runId, admitted.env, chain.self);
   return stored > turn ? 'turn-committed' : 'turn-gap';
 }

@@ -362,6 +362,7 @@ export async function admitLoaded(
     state.attempt !== data.attempt ||
     (state.pauses ?? 0) !== (data.pause ?? 0)
   ) {
+    await core.stores.acknowledgeRead(runId);
     await core.queues.enqueueDue(runId, env, self);
     return 'already-done';
   }
@@ -466,9 +467,15 @@ export async function attemptLimit(
   };
 }
 
+/** How long a unit that met Redis trouble in its step's code waits before it runs again. */
+const REDIS_TROUBLE_RETRY_MS = 500;
+
 /**
- * What ends a job before its commit: a tool call whose lease another worker holds (come back
- * later, without spending an attempt), or a budget hit (the run is stopped). Null otherwise.
+ * What ends a job before its commit: a tool call whose lease another worker holds, or Redis
+ * trouble that reached the step's code through the runtime (a tool call's ledger write that Redis
+ * did not take, or that replicas did not acknowledge): come back later, without spending an
+ * attempt (infrastructure trouble is never an attempt of the user's work); or a budget hit (the
+ * run is stopped). Null otherwise.
  */
 export async function endsEarly(
   host: UnitHost,
@@ -479,6 +486,13 @@ export async function endsEarly(
   if (result.kind === 'failed' && result.error.code === 'tool_call_busy') {
     const retryAfterMs = Math.max(50, result.error.retryAfterMs ?? 1000);
     return { retryAfterMs, unit: unitJobOf(data) };
+  }
+  if (result.kind === 'failed' && result.error.code === 'redis_unavailable') {
+    host.core.log.warn(
+      { runId: data.runId, stepId: data.stepId, error: result.error.message },
+      'Redis trouble reached the step through a tool call: the attempt is run again later, not counted',
+    );
+    return { retryAfterMs: REDIS_TROUBLE_RETRY_MS, unit: unitJobOf(data) };
   }
   if (result.kind === 'budget') {
     await stopForBudget(host, data.runId, env, result.error.details as JsonValue);

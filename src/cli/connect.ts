@@ -66,6 +66,36 @@ export const redisTarget = (): string => currentTarget;
 /** The `--redis-timeout` of the command (for the message of a lost connection). */
 export const redisTimeout = (): number => currentTimeoutMs;
 
+/**
+ * `--replicas N` and `--replicas-timeout MS`: the runtime's `durability`, or undefined when no
+ * replica is waited for. Exits 2 for a value out of range, or a timeout without a replica count.
+ */
+export function parseDurability(
+  replicas: string | undefined,
+  timeout: string | undefined,
+): { replicas: number; timeoutMs?: number } | undefined {
+  if (replicas === undefined) {
+    if (timeout !== undefined) {
+      badInput('--replicas-timeout needs --replicas N (how many replicas to wait for)');
+    }
+    return undefined;
+  }
+  const n = Number(replicas);
+  if (!/^\d+$/.test(replicas) || n > 16) {
+    badInput(
+      `--replicas "${replicas}" is not a whole number from 0 to 16; pass e.g. --replicas 1 (replicas that must have a write before the runtime acts on it)`,
+    );
+  }
+  if (timeout === undefined) return { replicas: n };
+  const ms = Number(timeout);
+  if (!/^\d+$/.test(timeout) || ms < 1 || ms > 600_000) {
+    badInput(
+      `--replicas-timeout "${timeout}" is not a whole number of milliseconds from 1 to 600000; pass e.g. --replicas-timeout 1000`,
+    );
+  }
+  return { replicas: n, timeoutMs: ms };
+}
+
 /** `--redis-timeout MS`: a whole number of milliseconds from 100 to 600000. @defaultValue 2000 */
 export function parseRedisTimeout(text: string | undefined): number {
   if (text === undefined) return DEFAULT_REDIS_TIMEOUT_MS;
@@ -210,6 +240,10 @@ export interface ConnectOptions extends RedisChoice {
   env: NodeJS.ProcessEnv;
   /** `--redis-timeout MS`: how long any Redis call may go unanswered. @defaultValue 2000 */
   'redis-timeout'?: string | undefined;
+  /** `--replicas N`: replicas that must acknowledge a write before the runtime acts on it. @defaultValue 0 */
+  replicas?: string | undefined;
+  /** `--replicas-timeout MS`: how long one wait for them may take. @defaultValue 1000 */
+  'replicas-timeout'?: string | undefined;
   /**
    * The command executes runs (run, resume, worker): it keeps reconnecting through an outage;
    * other commands give up after the Redis timeout.
@@ -223,6 +257,7 @@ export interface ConnectOptions extends RedisChoice {
 export async function connect(options: ConnectOptions): Promise<Connection> {
   const prefix = resolvePrefix(options, options.env);
   const timeoutMs = parseRedisTimeout(options['redis-timeout']);
+  const durability = parseDurability(options.replicas, options['replicas-timeout']);
   const keys = createKeys(prefix);
   const fromEnv = options.env['REDIS_URL'];
   let embedded: DetachedRedis | undefined;
@@ -277,6 +312,7 @@ export async function connect(options: ConnectOptions): Promise<Connection> {
         redis,
         prefix,
         redisTimeoutMs: timeoutMs,
+        ...(durability === undefined ? {} : { durability }),
         logger: createCliLogger(),
         ...(job === undefined
           ? {}

@@ -32,6 +32,8 @@ export interface Values {
   limit?: string;
   quiet?: boolean;
   'redis-timeout'?: string;
+  replicas?: string;
+  'replicas-timeout'?: string;
   'redis-outage-limit'?: string;
   port?: string;
   host?: string;
@@ -122,6 +124,10 @@ export function repeatFlags(values: Values): string[] {
   if (values.redis !== undefined) flags.push('--redis', maskRedisUrl(values.redis));
   if (values.prefix !== undefined) flags.push('--prefix', values.prefix);
   if (values['redis-timeout'] !== undefined) flags.push('--redis-timeout', values['redis-timeout']);
+  if (values.replicas !== undefined) flags.push('--replicas', values.replicas);
+  if (values['replicas-timeout'] !== undefined) {
+    flags.push('--replicas-timeout', values['replicas-timeout']);
+  }
   if (values['redis-outage-limit'] !== undefined) {
     flags.push('--redis-outage-limit', values['redis-outage-limit']);
   }

@@ -116,6 +116,8 @@ after the command, so the next command (and a resume after a crash) reuses it; s
 \`flujo redis stop\`. --prefix P (or FLUJO_PREFIX) sets the key prefix (default flujo); every
 worker on a prefix must know the operators of the runs on it. --by defaults to $USER, else "cli".
 A password in --redis is printed as *** in the commands flujo prints: set REDIS_URL instead.
+--replicas N (--replicas-timeout MS, default 1000): every write the runtime acts on is first
+acknowledged by N replicas (Redis WAIT); see docs/guides/redis-cluster.md.
 
 Exit codes:
   0    the run succeeded, or the command did what it was asked
@@ -157,6 +159,8 @@ const OPTIONS = {
   limit: { type: 'string' },
   quiet: { type: 'boolean', short: 'q' },
   'redis-timeout': { type: 'string' },
+  replicas: { type: 'string' },
+  'replicas-timeout': { type: 'string' },
   'redis-outage-limit': { type: 'string' },
   port: { type: 'string' },
   host: { type: 'string' },
@@ -167,7 +171,7 @@ const OPTIONS = {
   'no-node': { type: 'boolean' },
 } as const;
 
-const CONNECTS = ['redis', 'prefix', 'redis-timeout'];
+const CONNECTS = ['redis', 'prefix', 'redis-timeout', 'replicas', 'replicas-timeout'];
 const DECIDE = ['by', 'comment', 'call', 'json', ...CONNECTS];
 /** The options each command takes. */
 const ALLOWED: Record<string, readonly string[]> = {

@@ -13,6 +13,7 @@
  */
 import type { Redis } from 'ioredis';
 import { InputValidationError } from '../errors.js';
+import type { ReplicaAck } from './replicas.js';
 import type { Keys } from './keys.js';
 
 /** How long a run that ended is checked by the sweeps by default, in ms: 15 minutes. */
@@ -73,6 +74,8 @@ export interface ActiveRunsOptions {
   endedWindowMs?: number;
   /** @defaultValue `Date.now` */
   clock?: () => number;
+  /** Acknowledges an added run by replicas before `add` returns (see `replicas.ts`). @defaultValue none */
+  replicas?: ReplicaAck | undefined;
 }
 
 /**
@@ -131,6 +134,7 @@ export function createActiveRuns(
   const endedKey = keys.endedRuns();
   const endedWindowMs = options.endedWindowMs ?? DEFAULT_ENDED_RUNS_WINDOW_MS;
   const clock = options.clock ?? Date.now;
+  const { replicas } = options;
   const commands = redis as unknown as Record<string, Script | undefined>;
   const script = (name: string, lua: string): Script => {
     if (commands[name] === undefined) redis.defineCommand(name, { numberOfKeys: 2, lua });
@@ -142,6 +146,8 @@ export function createActiveRuns(
     endedWindowMs,
     async add(runId) {
       await redis.sadd(key, runId);
+      // Before the run's first job: a sweep finds the run even if that job is lost.
+      if (replicas !== undefined) await replicas.ack(key);
     },
     async remove(runId) {
       await redis.srem(key, runId);

@@ -25,6 +25,7 @@ import { createKeys } from './keys.js';
 import { argsHash } from './ledger-ids.js';
 import { LEDGER_SCRIPT_VERSION, LEDGER_SCRIPTS } from './ledger-lua.js';
 import { classifyRedisError } from './redis-errors.js';
+import type { ReplicaAck } from './replicas.js';
 
 export { argsHash, ledgerCallId, type LedgerCallIdInput } from './ledger-ids.js';
 
@@ -221,6 +222,12 @@ export interface LedgerOptions {
    * @defaultValue the Redis server's clock (one clock for every worker)
    */
   clock?: () => number;
+  /**
+   * Acknowledges a taken lease by replicas before `begin` or `markRunning` returns it, so that
+   * the call's effect never runs on a lease a failover could lose (see `replicas.ts`).
+   * @defaultValue none
+   */
+  replicas?: ReplicaAck;
 }
 
 const CALL_ID = /^[\x21-\x7e]{1,256}$/;
@@ -288,7 +295,7 @@ type ScriptReply = [status: string, raw: string, now: string];
 
 /** Creates the Redis-backed {@link Ledger}. */
 export function createLedger(options: LedgerOptions): Ledger {
-  const { redis, clock } = options;
+  const { redis, clock, replicas } = options;
   const keys = createKeys(options.prefix);
   const names = {} as Record<ScriptName, string>;
   for (const [name, lua] of Object.entries(LEDGER_SCRIPTS) as [ScriptName, string][]) {
@@ -319,6 +326,14 @@ export function createLedger(options: LedgerOptions): Ledger {
     const [status, raw, now] = reply;
     return { status, entry: raw === '' ? null : decodeEntry(raw), now: Number(now) };
   }
+
+  /** A lease just taken, once the replicas asked for have it (the effect comes next). */
+  const leased = async (entry: LedgerEntry): Promise<LedgerEntry> => {
+    if (replicas !== undefined && entry.state === LedgerState.Running) {
+      await replicas.ack(keys.ledger(entry.runId, entry.tenantId));
+    }
+    return entry;
+  };
 
   const missing = (runId: string, tenantId: string, callId: string, hint: string): never => {
     throw new LedgerStateError(
@@ -403,7 +418,7 @@ export function createLedger(options: LedgerOptions): Ledger {
       const rerun = beginOptions.rerunInDoubt === true ? '1' : '0';
       const args = [fresh, tool, hash, String(leaseMs), rerun];
       const reply = await run('begin', runId, tenantId, callId, args);
-      return runningOrRecorded(reply, { runId, tenantId, callId, tool, hash });
+      return leased(runningOrRecorded(reply, { runId, tenantId, callId, tool, hash }));
     },
 
     async record(call, outcome) {
@@ -459,7 +474,7 @@ export function createLedger(options: LedgerOptions): Ledger {
       checkPositiveInt(leaseMs, 'leaseMs');
       const rerun = markOptions.rerunInDoubt === true ? '1' : '0';
       const reply = await run('markRunning', runId, tenantId, callId, [String(leaseMs), rerun]);
-      return runningOrRecorded(reply, { runId, tenantId, callId, tool: '' });
+      return leased(runningOrRecorded(reply, { runId, tenantId, callId, tool: '' }));
     },
 
     renewLease: async (runId, tenantId, callId, leaseMs, runs) => {

@@ -3,6 +3,7 @@
  * once per tenant for the run it started, so a repeated request leads to the same run.
  */
 import type { Redis } from 'ioredis';
+import type { ReplicaAck } from './replicas.js';
 import type { Keys } from './keys.js';
 
 /** The request keys of one prefix. */
@@ -17,12 +18,16 @@ export interface RequestKeys {
 }
 
 /** Creates the {@link RequestKeys} of `keys`' prefix on `redis`. */
-export function createRequestKeys(redis: Redis, keys: Keys): RequestKeys {
+export function createRequestKeys(redis: Redis, keys: Keys, replicas?: ReplicaAck): RequestKeys {
   return {
     owner: (tenantId, requestKey) => redis.get(keys.requestKey(tenantId, requestKey)),
     async claim(tenantId, requestKey, runId) {
       const key = keys.requestKey(tenantId, requestKey);
-      if ((await redis.set(key, runId, 'NX')) !== null) return null;
+      if ((await redis.set(key, runId, 'NX')) !== null) {
+        // The run is created next: a failover must not lose the key and let a retry make another.
+        if (replicas !== undefined) await replicas.ack(key);
+        return null;
+      }
       // Claimed by another start; a key that lapsed in between leaves this run as the owner.
       return (await redis.get(key)) ?? runId;
     },

@@ -27,6 +27,7 @@ import {
 import { createKeys, RunKeyKind } from './keys.js';
 import type { LedgerRecordOp } from './ledger.js';
 import { classifyRedisError, isConnectionError } from './redis-errors.js';
+import type { ReplicaAck } from './replicas.js';
 import { SNAPSHOT_SCRIPT_VERSION, SNAPSHOT_SCRIPTS } from './snapshot-lua.js';
 
 /** An event recorded in a run's stream: any JSON object with a string `type`. */
@@ -80,6 +81,11 @@ export interface SnapshotStoreOptions<S = unknown> {
    * @defaultValue `Date.now`
    */
   clock?: () => number;
+  /**
+   * Acknowledges creates and commits by replicas before they return (see `replicas.ts`).
+   * @defaultValue none: a write returns once the master applied it
+   */
+  replicas?: ReplicaAck;
 }
 
 /**
@@ -231,7 +237,7 @@ function parseStoredVersion(runId: string, raw: string): number {
 export function createSnapshotStore<S = unknown>(
   options: SnapshotStoreOptions<S>,
 ): SnapshotStore<S> {
-  const { redis } = options;
+  const { redis, replicas } = options;
   const keys = createKeys(options.prefix);
   const codec = options.codec ?? createSnapshotCodec<S>();
   const clock = options.clock ?? Date.now;
@@ -296,6 +302,7 @@ export function createSnapshotStore<S = unknown>(
       return fail(scriptError(error, 'create', runId));
     }
     if (created !== 1) throw new RunAlreadyExistsError(runId);
+    if (replicas !== undefined) await replicas.ack(snapKey);
     return envelope;
   }
 
@@ -401,6 +408,7 @@ export function createSnapshotStore<S = unknown>(
     }
     switch (reply[0]) {
       case 1:
+        if (replicas !== undefined) await replicas.ack(snapKey);
         return envelope;
       case 0:
         throw new SnapshotConflictError(

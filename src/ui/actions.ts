@@ -116,6 +116,7 @@ export async function runAction(
       // A stalled run: its due work is queued again, as a worker that starts does for every
       // active run (a unit already queued or done is not run twice).
       const core = runtimeCore(runtime);
+      await core.stores.acknowledgeRead(runId);
       await core.queues.enqueueDue(runId, await core.stores.store.load(runId, { outputs: false }));
       return { runId, done: 'requeue' };
     }

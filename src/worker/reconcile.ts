@@ -81,6 +81,7 @@ async function settleEnded(core: RuntimeCore, run: EndedRun, status: string | nu
   }
   await core.meta.resumed(runId);
   await core.stores.runs.reopened(runId);
+  await core.stores.acknowledgeRead(runId);
   await core.queues.redriveDue(runId, env);
   await activeRuns.forget(run);
 }

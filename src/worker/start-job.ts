@@ -223,6 +223,7 @@ export async function processStartJob(core: RuntimeCore, job: StartJob): Promise
       const env = await core.stores.store.load(runId, { outputs: false });
       const meta = await core.meta.read(runId);
       await core.queues.scheduleDeadline(runId, meta.plan, meta.createdAt);
+      await core.stores.acknowledgeRead(runId);
       await core.queues.enqueueDue(runId, env);
       return { runId, created: true };
     }

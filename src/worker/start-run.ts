@@ -109,6 +109,7 @@ async function continueRun(core: RuntimeCore, runId: string): Promise<RunStatus 
   if (snapshot.status !== 'active' || snapshot.value === 'failed') return runStatus(snapshot);
   const meta = await core.meta.read(runId);
   await core.queues.scheduleDeadline(runId, meta.plan, meta.createdAt);
+  await core.stores.acknowledgeRead(runId);
   await core.queues.enqueueDue(runId, env);
   return runStatus(snapshot);
 }

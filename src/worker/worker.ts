@@ -273,6 +273,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
         await core.stores.activeRuns.remove(runId);
         return;
       }
+      await core.stores.acknowledgeRead(runId);
       const finished = await core.queues.sweepDue(runId, env, (id) =>
         core.stores.store.version(id),
       );

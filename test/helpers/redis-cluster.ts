@@ -31,7 +31,21 @@ export interface TestRedisCluster {
   nodes: ClusterNode[];
   /** Where its data lives (one folder per node). */
   dataDir: string;
+  /**
+   * Starts again a node that was killed, on its port with its data (its nodes.conf and AOF): it
+   * rejoins the cluster (a master that was failed over comes back as a replica). Resolves once it
+   * answers; `nodes` then holds its new pid.
+   */
+  restart(port: number): Promise<void>;
   stop(): Promise<void>;
+}
+
+/** Options of {@link startRedisCluster}. */
+export interface TestClusterOptions {
+  /** `cluster-node-timeout`: how long a node may not answer before it is failed over. @defaultValue 2000 */
+  nodeTimeoutMs?: number;
+  /** More `redis-server` arguments for every node. */
+  args?: readonly string[];
 }
 
 /** `redis-cli` beside the `redis-server` found, else on PATH. */
@@ -69,7 +83,9 @@ async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs = 
 }
 
 /** Starts a 3 masters + 3 replicas cluster on loopback (see the module comment). */
-export async function startRedisCluster(): Promise<TestRedisCluster> {
+export async function startRedisCluster(
+  options: TestClusterOptions = {},
+): Promise<TestRedisCluster> {
   const binary = findRedisServerBinary();
   const cli = findRedisCli();
   const dataDir = await mkdtemp(join(tmpdir(), 'flujo-cluster-'));
@@ -88,42 +104,47 @@ export async function startRedisCluster(): Promise<TestRedisCluster> {
     );
     await rm(dataDir, { recursive: true, force: true });
   };
+  const startNode = (port: number): ChildProcess => {
+    const dir = join(dataDir, String(port));
+    const child = spawn(
+      binary,
+      [
+        '--port',
+        String(port),
+        '--bind',
+        '127.0.0.1',
+        '--cluster-enabled',
+        'yes',
+        '--cluster-config-file',
+        join(dir, 'nodes.conf'),
+        '--cluster-node-timeout',
+        String(options.nodeTimeoutMs ?? 2000),
+        '--dir',
+        dir,
+        '--appendonly',
+        'yes',
+        '--appendfsync',
+        'always',
+        '--save',
+        '',
+        // A replica's first sync starts at once (the default waits 5 s for more replicas).
+        '--repl-diskless-sync-delay',
+        '0',
+        '--daemonize',
+        'no',
+        '--logfile',
+        join(dir, 'redis.log'),
+        ...(options.args ?? []),
+      ],
+      { stdio: 'ignore' },
+    );
+    children.push(child);
+    return child;
+  };
   try {
     for (const port of ports) {
-      const dir = join(dataDir, String(port));
-      await mkdir(dir);
-      const child = spawn(
-        binary,
-        [
-          '--port',
-          String(port),
-          '--bind',
-          '127.0.0.1',
-          '--cluster-enabled',
-          'yes',
-          '--cluster-config-file',
-          join(dir, 'nodes.conf'),
-          '--cluster-node-timeout',
-          '2000',
-          '--dir',
-          dir,
-          '--appendonly',
-          'yes',
-          '--appendfsync',
-          'always',
-          '--save',
-          '',
-          // A replica's first sync starts at once (the default waits 5 s for more replicas).
-          '--repl-diskless-sync-delay',
-          '0',
-          '--daemonize',
-          'no',
-          '--logfile',
-          join(dir, 'redis.log'),
-        ],
-        { stdio: 'ignore' },
-      );
-      children.push(child);
+      await mkdir(join(dataDir, String(port)));
+      startNode(port);
     }
     const ping = async (port: number) => {
       const c = new Redis({
@@ -195,6 +216,12 @@ export async function startRedisCluster(): Promise<TestRedisCluster> {
       url: `redis+cluster://${seeds.map((s) => `${s.host}:${s.port}`).join(',')}`,
       nodes,
       dataDir,
+      async restart(port) {
+        const node = nodes.find((n) => n.port === port);
+        if (node === undefined) throw new Error(`test cluster: no node on port ${port}`);
+        node.pid = startNode(port).pid!;
+        await waitFor(`port ${port}`, () => ping(port));
+      },
       stop: stopAll,
     };
   } catch (error) {

@@ -103,6 +103,8 @@ export async function cmdDev(ctx: Ctx): Promise<number> {
       '--concurrency',
       String(concurrency),
       ...(v['redis-timeout'] === undefined ? [] : ['--redis-timeout', v['redis-timeout']]),
+      ...(v.replicas === undefined ? [] : ['--replicas', v.replicas]),
+      ...(v['replicas-timeout'] === undefined ? [] : ['--replicas-timeout', v['replicas-timeout']]),
     ];
     let count = 0;
     const start = (): Generation => {
