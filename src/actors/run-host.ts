@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from 'node:timers/promises';
 import { SnapshotConflictError } from '../errors.js';
 import type { JsonValue } from '../internal/json.js';
 import { jsonText } from '../internal/json-text.js';
@@ -170,8 +171,9 @@ export interface AppliedEvent {
 export interface RunHostOptions {
   store: SnapshotStore<RunSnapshot>;
   /**
-   * How many lost compare-and-set races to absorb (reload, decide again) before giving up.
-   * @defaultValue 50
+   * How many lost compare-and-set races to absorb (reload, decide again) before giving up; from
+   * the third, each waits a random while first (up to 100 ms).
+   * @defaultValue 500
    */
   maxConflicts?: number;
   /**
@@ -338,7 +340,7 @@ const WITHOUT_OUTPUTS = { outputs: false } as const;
 /** Creates a {@link RunHost} over a snapshot store. */
 export function createRunHost({
   store,
-  maxConflicts = 50,
+  maxConflicts = 500,
   openRuns = 512,
   onCommitted,
 }: RunHostOptions): RunHost {
@@ -517,6 +519,9 @@ export function createRunHost({
         } catch (error) {
           run.close();
           if (!(error instanceof SnapshotConflictError) || conflicts >= maxConflicts) throw error;
+          // Another process commits to the run too: after a few lost races, wait a random while
+          // (growing to 100 ms) so that both get through instead of one starving the other.
+          if (conflicts >= 2) await sleep(Math.random() * Math.min(100, 5 * 2 ** (conflicts - 2)));
           envelope = await store.load(runId, WITHOUT_OUTPUTS);
         }
       }
