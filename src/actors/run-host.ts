@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from 'node:timers/promises';
 import { SnapshotConflictError } from '../errors.js';
 import type { JsonValue } from '../internal/json.js';
 import { jsonText } from '../internal/json-text.js';
@@ -170,8 +171,9 @@ export interface AppliedEvent {
 export interface RunHostOptions {
   store: SnapshotStore<RunSnapshot>;
   /**
-   * How many lost compare-and-set races to absorb (reload, decide again) before giving up.
-   * @defaultValue 50
+   * How many lost compare-and-set races to absorb (reload, decide again) before giving up; from
+   * the third, each waits a random while first (up to 100 ms).
+   * @defaultValue 500
    */
   maxConflicts?: number;
   /**
@@ -200,14 +202,29 @@ interface OpenEntry {
   outputsMissing: ReadonlySet<string>;
 }
 
+/** A run's state as this host last committed it (or opened it at), kept while its run is taken. */
+interface HeldState {
+  version: number;
+  snapshot: RunSnapshot;
+  carrier: string | undefined;
+  outputsMissing: ReadonlySet<string>;
+}
+
 class OpenRuns {
   readonly #max: number;
   readonly #runs = new Map<string, OpenEntry>();
+  // The state of each run held open, also while a commit has it taken: a unit of the run that is
+  // admitted meanwhile reads it from here (one version check) instead of loading the run whole.
+  readonly #last = new Map<string, HeldState>();
   constructor(max: number) {
     this.#max = max;
   }
   peek(runId: string): OpenEntry | undefined {
     return this.#runs.get(runId);
+  }
+  /** The run's state as last put here, whether or not it is taken now. */
+  last(runId: string): HeldState | undefined {
+    return this.#last.get(runId);
   }
   take(runId: string, version: number): OpenEntry | undefined {
     const entry = this.#runs.get(runId);
@@ -224,12 +241,21 @@ class OpenRuns {
     carrier: string | undefined,
     outputsMissing: ReadonlySet<string>,
   ): void {
-    if (this.#max <= 0 || run.snapshot.status !== 'active') return run.close();
+    if (this.#max <= 0 || run.snapshot.status !== 'active') {
+      this.#last.delete(runId);
+      return run.close();
+    }
     this.#runs.set(runId, { version, run, carrier, outputsMissing });
+    this.#last.delete(runId);
+    this.#last.set(runId, { version, snapshot: run.snapshot, carrier, outputsMissing });
     if (this.#runs.size > this.#max) {
       const [oldest, entry] = this.#runs.entries().next().value as [string, OpenEntry];
       this.#runs.delete(oldest);
       entry.run.close();
+    }
+    if (this.#last.size > this.#max) {
+      const oldest = this.#last.keys().next().value as string;
+      this.#last.delete(oldest);
     }
   }
 }
@@ -314,11 +340,13 @@ const WITHOUT_OUTPUTS = { outputs: false } as const;
 /** Creates a {@link RunHost} over a snapshot store. */
 export function createRunHost({
   store,
-  maxConflicts = 50,
+  maxConflicts = 500,
   openRuns = 512,
   onCommitted,
 }: RunHostOptions): RunHost {
   const open = new OpenRuns(openRuns);
+  // The last commit of each run from this host, in flight or queued (see `serialized`).
+  const tails = new Map<string, Promise<void>>();
   const observers = new Set<CommitObserver>();
   const notify = (commit: CommittedRun): void => {
     for (const observer of observers) observer(commit);
@@ -330,17 +358,12 @@ export function createRunHost({
     },
 
     async load(runId) {
-      const held = open.peek(runId);
+      // A commit of this run from this host in flight: its result is the state to read.
+      const inFlight = tails.get(runId);
+      if (inFlight !== undefined) await inFlight;
+      const held = open.last(runId);
       if (held !== undefined && (await store.version(runId)) === held.version) {
-        const { snapshot } = held.run;
-        return {
-          schemaVersion: RUN_SNAPSHOT_SCHEMA_VERSION,
-          version: held.version,
-          snapshot,
-          updatedAt: snapshot.context.updatedAt,
-          ...(held.carrier === undefined ? {} : { carrier: held.carrier }),
-          outputsMissing: held.outputsMissing,
-        };
+        return heldEnvelope(held);
       }
       return store.load(runId, WITHOUT_OUTPUTS);
     },
@@ -373,9 +396,46 @@ export function createRunHost({
       return envelope;
     },
 
-    async apply(runId, event, loaded, options, checked = false) {
+    apply(runId, event, loaded, options, checked = false) {
+      return serialized(runId, () => applyNow(runId, event, loaded, options, checked));
+    },
+  };
+
+  /**
+   * One run's commits from this host go one at a time: units of one run that finish together
+   * (a wide fan-out) would otherwise race each other's compare-and-set, and each lost race costs a
+   * reload and a restore of the whole run. In turn, each starts from the run as this host last
+   * committed it (held open), unless the caller loaded a newer version.
+   */
+  function serialized<T>(runId: string, work: () => Promise<T>): Promise<T> {
+    const previous = tails.get(runId);
+    const result = previous === undefined ? work() : previous.then(work);
+    const tail = result.then(
+      () => {},
+      () => {},
+    );
+    tails.set(runId, tail);
+    void tail.then(() => {
+      if (tails.get(runId) === tail) tails.delete(runId);
+    });
+    return result;
+  }
+
+  /** {@link RunHost.apply}, once the run's earlier commits from this host are done. */
+  async function applyNow(
+    runId: string,
+    event: RunEvent | readonly RunEvent[],
+    loaded: SnapshotEnvelope<RunSnapshot> | undefined,
+    options: HostCommitOptions | ((transition: RunTransition) => HostCommitOptions) | undefined,
+    checked: boolean,
+  ): Promise<AppliedEvent> {
+    {
       const events: readonly RunEvent[] = Array.isArray(event) ? event : [event as RunEvent];
-      let envelope = loaded ?? (await store.load(runId, WITHOUT_OUTPUTS));
+      const held = open.last(runId);
+      let envelope =
+        held !== undefined && (loaded === undefined || held.version > loaded.version)
+          ? heldEnvelope(held)
+          : (loaded ?? (await store.load(runId, WITHOUT_OUTPUTS)));
       for (let conflicts = 0; ; conflicts++) {
         const { snapshot } = envelope;
         const valid = events.map((e) =>
@@ -459,9 +519,25 @@ export function createRunHost({
         } catch (error) {
           run.close();
           if (!(error instanceof SnapshotConflictError) || conflicts >= maxConflicts) throw error;
+          // Another process commits to the run too: after a few lost races, wait a random while
+          // (growing to 100 ms) so that both get through instead of one starving the other.
+          if (conflicts >= 2) await sleep(Math.random() * Math.min(100, 5 * 2 ** (conflicts - 2)));
           envelope = await store.load(runId, WITHOUT_OUTPUTS);
         }
       }
-    },
+    }
+  }
+}
+
+/** The envelope of a run held open, as `load` would read it (without outputs). */
+function heldEnvelope(held: HeldState): SnapshotEnvelope<RunSnapshot> {
+  const { snapshot } = held;
+  return {
+    schemaVersion: RUN_SNAPSHOT_SCHEMA_VERSION,
+    version: held.version,
+    snapshot,
+    updatedAt: snapshot.context.updatedAt,
+    ...(held.carrier === undefined ? {} : { carrier: held.carrier }),
+    outputsMissing: held.outputsMissing,
   };
 }

@@ -25,8 +25,16 @@ import { reconcileEnded } from './reconcile.js';
 import { createWorkerRegistry, type UnitEnd, type WorkerStatus } from './registry.js';
 import { preloadTokenizers } from '../llm/tokens.js';
 
-/** Runs the unit a job (or a chain) names: a turn of a granular step, or a step attempt. */
-export function runUnit(
+// The units each runtime is running in this process, by run, step, attempt, pause and turn.
+const runningHere = new WeakMap<RuntimeCore, Set<string>>();
+
+/**
+ * Runs the unit a job (or a chain) names: a turn of a granular step, or a step attempt. A unit
+ * this runtime is already running in this process is not run a second time: its job came back
+ * while the first execution still runs (its lock lapsed while the event loop was busy, and the
+ * stalled check handed it out again), and that execution commits it and enqueues what follows.
+ */
+export async function runUnit(
   host: UnitHost,
   name: string,
   data: JobData,
@@ -34,9 +42,18 @@ export function runUnit(
   jobSignal?: AbortSignal,
   held?: Admitted,
 ): Promise<UnitOutcome> {
-  return name === JobName.turn
-    ? runTurnUnit(host, data, chain, jobSignal, held)
-    : runStepUnit(host, data, chain, jobSignal, held);
+  let running = runningHere.get(host.core);
+  if (running === undefined) runningHere.set(host.core, (running = new Set()));
+  const key = `${data.runId}\n${data.stepId ?? ''}\n${data.attempt ?? ''}\n${data.pause ?? 0}\n${data.turn ?? ''}`;
+  if (running.has(key)) return 'running-here';
+  running.add(key);
+  try {
+    return await (name === JobName.turn
+      ? runTurnUnit(host, data, chain, jobSignal, held)
+      : runStepUnit(host, data, chain, jobSignal, held));
+  } finally {
+    running.delete(key);
+  }
 }
 
 /** Options of a worker. */
