@@ -114,7 +114,7 @@ describe('durability: replicas acknowledge before the runtime acts', () => {
       await worker.ready();
       await replicaAdmin.replicaof('NO', 'ONE');
       await replicasConnected(0);
-      const handle = await runtime.start(chain(4), null, { runId: 'cut-off' }).catch((e) => e);
+      const handle = await caught(runtime.start(chain(4), null, { runId: 'cut-off' }));
       // Nothing acknowledges the run's creation: the start fails, retryable, and nothing ran.
       expect(handle).toBeInstanceOf(ReplicasBehindError);
       expect((handle as ReplicasBehindError).retryable).toBe(true);
