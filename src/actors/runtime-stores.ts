@@ -27,6 +27,7 @@ import { createActiveRuns, type ActiveRuns } from '../persistence/active-runs.js
 import { createRunCounters, type RunCounters } from '../persistence/run-counters.js';
 import { createRequestKeys, type RequestKeys } from '../persistence/request-keys.js';
 import { createUnitNotes, type UnitNotes } from '../persistence/unit-notes.js';
+import { createInboxStore, type InboxStore } from '../persistence/inbox.js';
 
 /** What the stores are built with, besides the connection and the keys. */
 export interface RuntimeStoresOptions {
@@ -64,6 +65,8 @@ export class RuntimeStores {
   readonly requestKeys: RequestKeys;
   /** The notes workers leave when they start a unit. */
   readonly unitNotes: UnitNotes;
+  /** The runs' inboxes of signals. */
+  readonly inbox: InboxStore;
   /** The model replies of agent turns, journaled before they are used. */
   readonly journal: ModelJournal;
   /** The message histories of granular agent steps. */
@@ -94,6 +97,7 @@ export class RuntimeStores {
     this.counters = createRunCounters(redis, keys);
     this.requestKeys = createRequestKeys(redis, keys);
     this.unitNotes = createUnitNotes(redis, keys);
+    this.inbox = createInboxStore(redis, keys);
     const stores = { redis, prefix: keys.prefix };
     this.journal = createModelJournal(stores);
     this.history = createHistoryStore(stores);
