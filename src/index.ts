@@ -193,6 +193,7 @@ export { createRuntime } from './runtime.js';
 export type {
   DecisionInput,
   PendingApproval,
+  PendingWait,
   RunHandle,
   RunReport,
   RunUsage,

@@ -62,6 +62,7 @@ export type { DecisionInput, SkipInput } from './operations/decisions.js';
 export {
   IDLE_WORK_MS,
   type PendingApproval,
+  type PendingWait,
   type RunReport,
   type RunUsage,
   type StepProgress,

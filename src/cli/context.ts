@@ -41,6 +41,10 @@ export interface Values {
   verbose?: boolean;
   /** `flujo init --no-node`. */
   'no-node'?: boolean;
+  /** `flujo signal --data JSON`: the signal's payload. */
+  data?: string;
+  /** `flujo signal --id ID`: the signal's id (a send again with it is a no-op). */
+  id?: string;
 }
 
 /** A command's arguments and surroundings. */

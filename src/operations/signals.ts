@@ -11,8 +11,8 @@ import {
   SignalIdConflictError,
   type ValidationIssue,
 } from '../errors.js';
+import { debugPoint, DebugPoint } from '../internal/debug-points.js';
 import { findNonJson, type JsonValue } from '../internal/json.js';
-import { runStatus } from '../machines/kernel.js';
 import { assertRunId } from '../persistence/keys.js';
 import { signalNameSchema } from '../plan/schema.js';
 import { zodIssuesToValidationIssues } from '../schemas/issues.js';
@@ -106,9 +106,9 @@ export async function sendSignal(
   assertRunId(runId);
   const issues = checkArguments(name, options.id);
   if (issues.length > 0) throw new InputValidationError('signal', issues);
+  // The run's plan says which signals it takes; whether it still takes any is the append's to
+  // say (a send again with a known id gets its first answer, even once the run has ended).
   const env = await loadRun(core, runId);
-  const status = runStatus(env.snapshot);
-  if (status === 'succeeded' || status === 'cancelled') throw new RunEndedError(runId, status);
   const value = checkedPayload(core, env.snapshot.context.planName, name, payload);
   const text = JSON.stringify(value);
   if (text.length > MAX_SIGNAL_PAYLOAD_BYTES) {
@@ -129,6 +129,7 @@ export async function sendSignal(
   if (result.kind === 'missing') throw new RunNotFoundError(runId);
   if (result.kind === 'ended') throw new RunEndedError(runId, result.status);
   if (result.kind === 'conflict') throw new SignalIdConflictError(runId, id ?? '');
+  debugPoint(DebugPoint.afterSignalAppend, name);
   // The wake-up: a waiting step gets a job for the signal it may take now (a sender that died
   // here is healed by the next guard or sweep of the run, which looks for the same).
   const now = await core.host.load(runId);

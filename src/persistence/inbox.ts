@@ -32,20 +32,11 @@ export type AppendResult =
  * append: KEYS[1] snap, KEYS[2] status stream, KEYS[3] inbox, KEYS[4] events stream.
  * ARGV[1] name, ARGV[2] payload (JSON text), ARGV[3] id ('' for none), ARGV[4] at (epoch ms).
  * Returns {'missing'} | {'ended', status} | {'conflict'} | {'duplicate', index, seq} |
- * {'appended', index, seq}. Nothing is written unless it returns 'appended'.
+ * {'appended', index, seq}. Nothing is written unless it returns 'appended'. A known id is
+ * answered first (the same send again gets its first answer, even once the run has ended).
  */
 const APPEND_LUA = `
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
-local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
-if #last > 0 then
-  local f = last[1][2]
-  for i = 1, #f, 2 do
-    if f[i] == 'd' then
-      local to = cjson.decode(f[i + 1])['to']
-      if to == 'succeeded' or to == 'cancelled' then return {'ended', to} end
-    end
-  end
-end
 local name, payload, id, at = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local digest = redis.sha1hex(payload)
 if id ~= '' then
@@ -54,6 +45,16 @@ if id ~= '' then
     local index, seq, sha, was = string.match(seen, '^(%d+) (%d+) (%x+) (.+)$')
     if was == name and sha == digest then return {'duplicate', index, seq} end
     return {'conflict'}
+  end
+end
+local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+if #last > 0 then
+  local f = last[1][2]
+  for i = 1, #f, 2 do
+    if f[i] == 'd' then
+      local to = cjson.decode(f[i + 1])['to']
+      if to == 'succeeded' or to == 'cancelled' then return {'ended', to} end
+    end
   end
 end
 local index = redis.call('HINCRBY', KEYS[3], 'c:' .. name, 1) - 1
@@ -71,7 +72,7 @@ redis.call('XADD', KEYS[4], '*', 'v', v, 't', 'signal.received', 'd',
   '{"type":"signal.received",' .. string.sub(head, 2) .. ',"payload":' .. payload .. '}')
 return {'appended', index, seq}
 `;
-const APPEND_COMMAND = 'flujoInboxAppend_v1';
+const APPEND_COMMAND = 'flujoInboxAppend_v2';
 
 /** The inbox of the runs of one prefix. */
 export interface InboxStore {

@@ -223,7 +223,7 @@ export function listTableHtml(runs: readonly RunListEntry[]): string {
   const rows = runs.map((r) => {
     const step =
       r.waitingStep !== null
-        ? `${h(r.waitingStep)} <span class="small">(waits for approval)</span>`
+        ? `${h(r.waitingStep)} <span class="small">(waits for ${h(r.waitsFor ?? 'approval')})</span>`
         : h(r.currentStep ?? '');
     return `<tr data-run="${h(r.runId)}"><td class="mono"><a href="${h(runHref(r.runId))}">${h(r.runId)}</a></td><td>${h(r.planName)}</td><td>${h(r.tenantId)}</td><td class="status">${badge(r.status)}</td><td>${time(r.createdAt)}</td><td>${duration(r.durationMs)}</td><td>${step}</td></tr>`;
   });
