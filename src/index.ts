@@ -203,6 +203,8 @@ export type {
   SignalOptions,
   SignalReceipt,
   SignalSchema,
+  StartSignal,
+  BeginOptions,
   SkipInput,
   StartOptions,
   StepProgress,

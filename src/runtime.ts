@@ -55,7 +55,7 @@ import {
 import { replayRun } from './operations/replay.js';
 import { sendSignal, type SignalOptions, type SignalReceipt } from './operations/signals.js';
 import type { SignalSchema } from './actors/runtime-registry.js';
-import { attachRun, beginRun, type RunHandle } from './operations/starting.js';
+import { attachRun, beginRun, type BeginOptions, type RunHandle } from './operations/starting.js';
 
 export type { StartOptions };
 export type { DecisionInput, SkipInput } from './operations/decisions.js';
@@ -67,8 +67,8 @@ export {
   type RunUsage,
   type StepProgress,
 } from './operations/reading.js';
-export type { RunHandle } from './operations/starting.js';
-export type { SignalOptions, SignalReceipt } from './operations/signals.js';
+export type { BeginOptions, RunHandle } from './operations/starting.js';
+export type { SignalOptions, SignalReceipt, StartSignal } from './operations/signals.js';
 export type { SignalSchema } from './actors/runtime-registry.js';
 
 /** Options of {@link createRuntime}. */
@@ -137,11 +137,14 @@ export interface Runtime {
    * `{ allow: false, reason }`; a denial fails the step finally with `policy_denied`.
    */
   policy(name: string, fn: Policy, options?: PolicyOptions): Runtime;
-  /** Starts a run of `plan` (validated) with `input` (plain JSON). */
+  /**
+   * Starts a run of `plan` (validated) with `input` (plain JSON). With `requestKey` and `signal`:
+   * start or signal, the signal sent to the run the key leads to (started now or found).
+   */
   start(
     plan: Plan | PlanInput | string,
     input?: unknown,
-    options?: StartOptions,
+    options?: BeginOptions,
   ): Promise<RunHandle>;
   /** A handle on an existing run. */
   attach(runId: string): Promise<RunHandle>;

@@ -45,6 +45,8 @@ export interface Values {
   data?: string;
   /** `flujo signal --id ID`: the signal's id (a send again with it is a no-op). */
   id?: string;
+  /** `flujo run --signal NAME`: start or signal. */
+  signal?: string;
 }
 
 /** A command's arguments and surroundings. */

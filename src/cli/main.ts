@@ -13,12 +13,13 @@ const HELP = `flujo: durable execution runtime for AI agents and multi-step jobs
 
 Usage:
   flujo run <job-module> [--input JSON] [--run-id ID] [--request-key K] [--concurrency N] [--json]
-           [--quiet]
+           [--quiet] [--signal NAME [--data JSON] [--id ID]]
       Start a run (with --request-key: find that key's run), print its id and the exact resume
       command first, then execute it with an in-process worker, one line per step state change,
       until it ends or waits for approval; then print its summary. Operators' ctx.progress and
       agents' streamed text show live (--quiet hides the text); due work that no worker takes
-      for 5 s is reported.
+      for 5 s is reported. With --request-key K --signal NAME: start or signal, the run of K
+      (started now, or found) gets signal NAME with --data as its payload.
   flujo resume <runId> <job-module> [--concurrency N] [--by NAME] [--json] [--quiet]
       Go on with a run: a failed run is resumed, a running one continued (e.g. after its command
       was killed); an ended or waiting run is only reported.
@@ -145,6 +146,7 @@ const OPTIONS = {
   'request-key': { type: 'string' },
   data: { type: 'string' },
   id: { type: 'string' },
+  signal: { type: 'string' },
   concurrency: { type: 'string' },
   follow: { type: 'boolean' },
   out: { type: 'string' },
@@ -186,6 +188,9 @@ const ALLOWED: Record<string, readonly string[]> = {
     'input',
     'run-id',
     'request-key',
+    'signal',
+    'data',
+    'id',
     'concurrency',
     'json',
     'quiet',

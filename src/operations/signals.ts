@@ -91,6 +91,41 @@ function checkedPayload(
   return (parsed.data ?? null) as JsonValue;
 }
 
+/** A signal sent with a start (`runtime.start(…, { requestKey, signal })`). */
+export interface StartSignal {
+  name: string;
+  /** Plain JSON. @defaultValue null */
+  payload?: unknown;
+  /** As {@link SignalOptions.id}. */
+  id?: string;
+}
+
+/**
+ * A signal checked against the runs of plan `planName` (its name, id and payload; see
+ * {@link checkedPayload}): its payload's JSON text, ready to append. Throws
+ * `InputValidationError` naming the field.
+ */
+export function checkSignal(
+  core: RuntimeCore,
+  planName: string,
+  name: string,
+  payload: unknown,
+  id: string | undefined,
+): string {
+  const issues = checkArguments(name, id);
+  if (issues.length > 0) throw new InputValidationError('signal', issues);
+  const text = JSON.stringify(checkedPayload(core, planName, name, payload));
+  if (text.length > MAX_SIGNAL_PAYLOAD_BYTES) {
+    throw new InputValidationError('signal', [
+      {
+        path: 'payload',
+        message: `is ${text.length} bytes of JSON; a signal carries at most ${MAX_SIGNAL_PAYLOAD_BYTES}: store large data elsewhere and send its reference`,
+      },
+    ]);
+  }
+  return text;
+}
+
 /**
  * Sends signal `name` with `payload` to run `runId`: checked (the name, the payload against the
  * plan's declared signals, the run going on), appended to the run's inbox, and the wait step that
@@ -104,22 +139,26 @@ export async function sendSignal(
   options: SignalOptions = {},
 ): Promise<SignalReceipt> {
   assertRunId(runId);
-  const issues = checkArguments(name, options.id);
-  if (issues.length > 0) throw new InputValidationError('signal', issues);
+  const early = checkArguments(name, options.id);
+  if (early.length > 0) throw new InputValidationError('signal', early);
   // The run's plan says which signals it takes; whether it still takes any is the append's to
   // say (a send again with a known id gets its first answer, even once the run has ended).
   const env = await loadRun(core, runId);
-  const value = checkedPayload(core, env.snapshot.context.planName, name, payload);
-  const text = JSON.stringify(value);
-  if (text.length > MAX_SIGNAL_PAYLOAD_BYTES) {
-    throw new InputValidationError('signal', [
-      {
-        path: 'payload',
-        message: `is ${text.length} bytes of JSON; a signal carries at most ${MAX_SIGNAL_PAYLOAD_BYTES}: store large data elsewhere and send its reference`,
-      },
-    ]);
-  }
-  const id = options.id ?? null;
+  const text = checkSignal(core, env.snapshot.context.planName, name, payload, options.id);
+  return appendSignal(core, runId, name, text, options.id ?? null);
+}
+
+/**
+ * Appends a checked signal (its payload's JSON `text`) to the run's inbox, then wakes the wait
+ * step that may take it.
+ */
+export async function appendSignal(
+  core: RuntimeCore,
+  runId: string,
+  name: string,
+  text: string,
+  id: string | null,
+): Promise<SignalReceipt> {
   const result = await core.stores.inbox.append(runId, {
     name,
     payload: text,

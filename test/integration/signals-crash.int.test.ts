@@ -171,7 +171,7 @@ describe('signals across processes, workers killed', () => {
       }
     })();
 
-    let t0 = 0;
+    let t0: number | undefined;
     try {
       // Runs 0-9: the `flujo signal` command, two at a time (the machine is shared).
       const cli = (async () => {
@@ -235,7 +235,7 @@ describe('signals across processes, workers killed', () => {
     // A worker that still runs, for what follows (none may be left by the chaos).
     if (children.size === 0) await worker();
     say(
-      `50 signal runs: ${kills} worker kills; all succeeded ${Date.now() - t0} ms after the last send`,
+      `50 signal runs: ${kills} worker kills; all succeeded ${Date.now() - (t0 ?? 0)} ms after the last send`,
     );
 
     const all = echoes();

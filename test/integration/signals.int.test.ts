@@ -144,6 +144,10 @@ describe('signals and wait steps', () => {
     expect(waiting.waits).toEqual([
       { stepId: 'w', signal: 'go', queued: 0, dueAt: null, since: w.wait!.since },
     ]);
+    const listed = await rt.list({ status: 'waiting', plan: 'one' });
+    expect(listed).toEqual([
+      expect.objectContaining({ runId: run.runId, waitingStep: 'w', waitsFor: 'signal "go"' }),
+    ]);
     const receipt = await rt.signal(run.runId, 'go', { hello: 1 });
     expect(receipt).toMatchObject({ name: 'go', index: 0, seq: 1, duplicate: false });
     const done = await statusIs(run.runId, 'succeeded');
@@ -326,5 +330,60 @@ describe('signals and wait steps', () => {
     await rt.cancel(run.runId, { by: 'test' });
     expect(await queue.getJobState(id)).toBe('unknown');
     expect((await rt.status(run.runId)).status).toBe('cancelled');
+  });
+
+  it('start or signal: 20 concurrent calls with one request key make one run, each signal taken once', async () => {
+    const steps: PlanInput['steps'] = [];
+    for (let i = 0; i < 20; i++) {
+      steps.push({
+        id: `m${i}`,
+        kind: 'wait',
+        for: { signal: 'msg' },
+        ...(i === 0 ? {} : { dependsOn: [`m${i - 1}`] }),
+      });
+    }
+    const plan: PlanInput = { name: 'conversation', steps };
+    const handles = await Promise.all(
+      Array.from({ length: 20 }, (_, i) =>
+        rt.start(plan, null, {
+          requestKey: 'chat-1',
+          signal: { name: 'msg', payload: { text: `m${i}` }, id: `call-${i}` },
+        }),
+      ),
+    );
+    const runIds = new Set(handles.map((h) => h.runId));
+    expect(runIds.size).toBe(1);
+    expect(handles.filter((h) => h.created)).toHaveLength(1);
+    expect(new Set(handles.map((h) => h.signal!.seq)).size).toBe(20);
+    const runId = handles[0]!.runId;
+    const done = await statusIs(runId, 'succeeded');
+    const texts = done.steps.map((s) => (s.output as { text: string }).text).sort();
+    expect(texts).toEqual(Array.from({ length: 20 }, (_, i) => `m${i}`).sort());
+    // Taken in send order: the n-th wait took the signal sent n-th.
+    const bySeq = [...handles].sort((a, b) => a.signal!.seq - b.signal!.seq);
+    expect(done.steps.map((s) => s.output)).toEqual(
+      bySeq.map((h) => ({ text: `m${h.signal!.id!.slice(5)}` })),
+    );
+    const types = await eventTypes(runId);
+    expect(types.filter((t) => t === 'signal.taken')).toHaveLength(20);
+    expect(await rt.list({ plan: 'conversation' })).toHaveLength(1);
+  });
+
+  it('a start with a bad signal starts nothing', async () => {
+    const noKey = await refusal(
+      rt.start(waitPlan('nokey', 'go'), null, { signal: { name: 'go' } }),
+    );
+    expect(noKey).toBeInstanceOf(InputValidationError);
+    expect(noKey.message).toContain('signal: a start with a signal needs a requestKey');
+    const badPayload = await refusal(
+      rt.start(waitPlan('typed', 'order'), null, {
+        requestKey: 'typed-1',
+        signal: { name: 'order', payload: { sku: 1 } },
+      }),
+    );
+    expect(badPayload).toBeInstanceOf(InputValidationError);
+    expect(badPayload.message).toContain('payload.sku');
+    expect(await rt.list({ plan: 'nokey' })).toEqual([]);
+    expect(await redis.exists(`${prefix}:request:default:typed-1`)).toBe(0);
   });
 });
