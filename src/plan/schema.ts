@@ -271,10 +271,14 @@ export const waitForSchema = z
       durationMs: positiveInt().optional(),
       until: z
         .string()
-        .refine((t) => /^\d{4}-\d{2}-\d{2}T/.test(t) && !Number.isNaN(Date.parse(t)), {
-          error: (issue) =>
-            `until ${JSON.stringify(issue.input)} is not a time: write an ISO 8601 time with its zone, e.g. "2026-12-01T09:00:00Z"`,
-        })
+        .refine(
+          (t) =>
+            /^\d{4}-\d{2}-\d{2}T.*(Z|[+-]\d{2}:\d{2})$/.test(t) && !Number.isNaN(Date.parse(t)),
+          {
+            error: (issue) =>
+              `until ${JSON.stringify(issue.input)} is not a time: write an ISO 8601 time with its zone, e.g. "2026-12-01T09:00:00Z"`,
+          },
+        )
         .optional(),
     },
     { error: () => `must be an object: ${FOR_FIX}` },

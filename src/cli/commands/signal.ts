@@ -1,7 +1,8 @@
 /** `flujo signal`: send a signal to a run (no job module needed; the run's own is read if recorded). */
 import { existsSync } from 'node:fs';
 import { checkRunId, runModule, type Connection } from '../connect.js';
-import { parseJsonOption, type Ctx } from '../context.js';
+import { parseJsonOption, repeatFlags, type Ctx } from '../context.js';
+import { nextCommands } from '../render.js';
 import { ExitCode, badInput } from '../exit-codes.js';
 import { loadJobModule } from '../job-module.js';
 import { withRun } from './read.js';
@@ -47,6 +48,8 @@ export async function cmdSignal(ctx: Ctx): Promise<number> {
     }
     const again = receipt.duplicate ? ' (sent before with this id: nothing more delivered)' : '';
     console.log(`signal "${name}" #${receipt.index + 1} of its name sent to run ${runId}${again}`);
+    const next = nextCommands(runId, await runModule(conn, runId), repeatFlags(ctx.values));
+    console.log(`a running worker takes it up (\`${next.worker}\`)${next.note}`);
     return ExitCode.ok;
   });
 }
