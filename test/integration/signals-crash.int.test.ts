@@ -4,8 +4,10 @@
  * them killed between its append and its wake-up). What is checked is what the operators really
  * ran (the children's echo file) and what the runs committed.
  */
+import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { createServer } from 'node:net';
+import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Redis } from 'ioredis';
@@ -15,6 +17,7 @@ import { createRuntime, runtimeCore, type Runtime } from '../../src/runtime.js';
 import { pinnedNode, root, runFlujo, spawnChild } from '../helpers/cli.js';
 import { connect, deletePrefix, redisUrl, testPrefix } from '../helpers/redis.js';
 import { spawnWorkerChild, type WorkerChild } from '../helpers/worker-child.js';
+import { findRedisServerBinary } from '../helpers/redis-server.js';
 
 // The `flujo` command uses the default queue name: so do the workers and senders here.
 const QUEUE = 'runs';
@@ -45,10 +48,10 @@ async function waitFor<T>(
   }
 }
 
-const worker = (o: { sweepMs?: number } = {}) =>
+const worker = (o: { sweepMs?: number; url?: string } = {}) =>
   spawnWorkerChild(
     {
-      REDIS_URL: redisUrl(),
+      REDIS_URL: o.url ?? redisUrl(),
       FLUJO_PREFIX: prefix,
       QUEUE_NAME: QUEUE,
       EFFECT_FILE: effectFile,
@@ -298,4 +301,102 @@ describe('signals across processes, workers killed', () => {
     ).toHaveLength(1);
     expect(events.filter((e) => e.type === 'wait.started')).toHaveLength(1);
   }, 60_000);
+
+  it('a 3 s timer: every worker and Redis (AOF always) killed at 1 s, restarted at 2 s; it fires once, not before 3 s', async () => {
+    const port = await freePort();
+    const redisDir = join(dir, 'redis');
+    await mkdir(redisDir);
+    let server: ChildProcess | undefined = await startRedis(port, redisDir);
+    const url = `redis://127.0.0.1:${port}`;
+    const own = createRuntime({ redis: url, prefix, redisTimeoutMs: 5000 });
+    try {
+      const plan: PlanInput = {
+        name: 'timer-outage',
+        steps: [
+          { id: 't', kind: 'wait', for: { durationMs: 3000 } },
+          { id: 'b', kind: 'operator', operator: 'echo', dependsOn: ['t'] },
+        ],
+      };
+      await Promise.all([worker({ sweepMs: 500, url }), worker({ sweepMs: 500, url })]);
+      const run = await own.start(plan, null);
+      const waiting = await waitFor('the timer to wait', async () => {
+        const r = await own.status(run.runId);
+        return r.waits.length === 1 ? r : undefined;
+      });
+      const since = waiting.waits[0]!.since;
+      await sleep(Math.max(0, since + 1000 - Date.now()));
+      await Promise.all([...children].map((c) => kill(c)));
+      await stopRedis(server);
+      server = undefined;
+      await sleep(Math.max(0, since + 2000 - Date.now()));
+      server = await startRedis(port, redisDir);
+      await Promise.all([worker({ sweepMs: 500, url }), worker({ sweepMs: 500, url })]);
+      const done = await waitFor('the run to succeed', async () => {
+        const r = await own.status(run.runId).catch(() => undefined);
+        return r?.status === 'succeeded' ? r : undefined;
+      });
+      const firedAt = Date.parse((done.steps[0]!.output as { firedAt: string }).firedAt);
+      expect(firedAt).toBeGreaterThanOrEqual(since + 3000);
+      say(`3 s timer across a Redis restart: fired ${firedAt - since} ms after it started waiting`);
+      expect(echoes().filter((e) => e.stepId === 'b' && e.runId === run.runId)).toHaveLength(1);
+      const events = await runtimeCore(own).stores.store.readEvents(run.runId);
+      expect(
+        events.filter((e) => e.type === 'step.succeeded' && e.data['stepId'] === 't'),
+      ).toHaveLength(1);
+    } finally {
+      await Promise.all([...children].map((c) => c.kill()));
+      await own.close();
+      await stopRedis(server);
+    }
+  }, 90_000);
 });
+
+/** A port no one listens on now. */
+async function freePort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const port = (server.address() as { port: number }).port;
+  await new Promise((r) => server.close(r));
+  return port;
+}
+
+/** A redis-server of the test's own on `port`, appending every write to its AOF before answering. */
+function startRedis(port: number, dataDir: string): Promise<ChildProcess> {
+  const child = spawn(
+    findRedisServerBinary(),
+    [
+      '--port',
+      String(port),
+      '--bind',
+      '127.0.0.1',
+      '--dir',
+      dataDir,
+      '--appendonly',
+      'yes',
+      '--appendfsync',
+      'always',
+      '--save',
+      '',
+    ],
+    { stdio: ['ignore', 'pipe', 'ignore'] },
+  );
+  return new Promise((resolve, reject) => {
+    let seen = '';
+    child.stdout.on('data', (d: Buffer) => {
+      seen += d.toString();
+      if (seen.includes('Ready to accept connections')) resolve(child);
+    });
+    child.once('exit', (code) => reject(new Error(`redis-server exited with ${String(code)}`)));
+  });
+}
+
+/** SIGKILL: the server has no chance to save anything but what its AOF holds. */
+function stopRedis(child: ChildProcess | undefined): Promise<void> {
+  if (child === undefined || child.exitCode !== null || child.signalCode !== null) {
+    return Promise.resolve();
+  }
+  return new Promise((resolve) => {
+    child.once('exit', () => resolve());
+    child.kill('SIGKILL');
+  });
+}
