@@ -251,6 +251,15 @@ export function eventLine(e: StoredRunEvent, options: RenderOptions = {}): strin
     case 'step.started':
       detail = `${s('stepId')} attempt ${s('attempt')}`;
       break;
+    case 'wait.started':
+      detail = `${s('stepId')} attempt ${s('attempt')}: ${d['signal'] === undefined ? 'timer' : `signal "${s('signal')}"`}${d['dueAt'] === undefined ? '' : ` until ${time(d['dueAt'])}`}`;
+      break;
+    case 'signal.received':
+      detail = `"${s('name')}" #${Number(d['index']) + 1} (seq ${s('seq')}${d['id'] === null ? '' : `, id ${s('id')}`}): ${preview(d['payload'], 80, full)}`;
+      break;
+    case 'signal.taken':
+      detail = `${s('stepId')} attempt ${s('attempt')}: "${s('name')}" #${Number(d['index']) + 1} (seq ${s('seq')})`;
+      break;
     case 'tool.called':
       detail = `${unitOf(d)}: ${s('tool')} (${s('class')}) ${toolVerdict(d)}${d['error'] === undefined ? '' : ` ${s('error')}`}, ${duration(Number(d['durationMs']))}; call ${callIdText(s('callId'), full)}`;
       break;

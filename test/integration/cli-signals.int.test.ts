@@ -138,6 +138,12 @@ describe('flujo signal', { timeout: 90_000 }, () => {
       await worker.done;
       await rt.close();
     }
+    const events = await flujo(['events', runId]);
+    expect(events.out).toMatch(/wait\.started +approval attempt 1: signal "approve-order"/);
+    expect(events.out).toMatch(
+      /signal\.received +"approve-order" #1 \(seq 1, id a1\): \{"by":"ana"\}/,
+    );
+    expect(events.out).toMatch(/signal\.taken +approval attempt 1: "approve-order" #1 \(seq 1\)/);
     const ended = await flujo(['signal', runId, 'approve-order', '--data', '{"by":"ana"}']);
     expect(ended.code).toBe(2);
     expect(ended.err).toContain('is succeeded: it takes no more signals');

@@ -175,6 +175,28 @@ describe('signals and wait steps', () => {
     expect(done.steps.find((s) => s.stepId === 'w')!.output).toBe('early bird');
   });
 
+  it('two waits side by side on one name take one signal each', async () => {
+    const plan: PlanInput = {
+      name: 'side',
+      steps: [
+        { id: 'w1', kind: 'wait', for: { signal: 'go' } },
+        { id: 'w2', kind: 'wait', for: { signal: 'go' } },
+        { id: 'b', kind: 'operator', operator: 'noop', dependsOn: ['w1', 'w2'] },
+      ],
+    };
+    const run = await rt.start(plan, null);
+    await statusIs(run.runId, 'waiting');
+    await Promise.all([rt.signal(run.runId, 'go', 'x'), rt.signal(run.runId, 'go', 'y')]);
+    const done = await statusIs(run.runId, 'succeeded');
+    expect(
+      done.steps
+        .slice(0, 2)
+        .map((s) => s.output)
+        .sort(),
+    ).toEqual(['x', 'y']);
+    expect(callsOf(run.runId)).toHaveLength(1);
+  });
+
   it('ten signals to ten waits in a line arrive in send order, each taken once', async () => {
     const steps: PlanInput['steps'] = [];
     for (let i = 0; i < 10; i++) {
