@@ -12,7 +12,11 @@ import { withRun } from './read.js';
  * exists: the payload is then checked as a worker of that module would check it. Says on stderr
  * when the recorded module is gone (the payload is then checked as JSON only).
  */
-async function declareRunSignals(conn: Connection, runId: string, cwd: string): Promise<void> {
+export async function declareRunSignals(
+  conn: Connection,
+  runId: string,
+  cwd: string,
+): Promise<void> {
   const file = await runModule(conn, runId);
   if (file === null) return;
   if (!existsSync(file)) {
