@@ -158,6 +158,9 @@ describe('signals and wait steps', () => {
     expect(types.filter((t) => t === 'signal.received')).toHaveLength(1);
     expect(types.filter((t) => t === 'signal.taken')).toHaveLength(1);
     expect(types).toContain('wait.started');
+    // The stored events lead to the stored snapshot (the signal cursor included).
+    const reproduced = await rt.replay(run.runId, { mode: 'reproduce' });
+    expect(reproduced.integrity).toEqual({ ok: true, problems: [], differences: [] });
   });
 
   it('a signal sent before the wait is reached waits in the inbox', async () => {
