@@ -107,7 +107,11 @@ async function settleWait(
         ? 'failed'
         : 'succeeded';
   }
-  return 'conflicts';
+  // The job fails and BullMQ tries it again (its id stays taken meanwhile: no other wake-up of
+  // this signal would be queued).
+  throw new Error(
+    `wait step "${data.stepId}" of run ${runId}: ${MAX_TRIES} commits in a row lost their race; trying again`,
+  );
 }
 
 /** When a timer is due: its `until`, or its duration from `now` (the time it starts waiting). */

@@ -16,9 +16,9 @@ Usage:
            [--quiet] [--signal NAME [--data JSON] [--id ID]]
       Start a run (with --request-key: find that key's run), print its id and the exact resume
       command first, then execute it with an in-process worker, one line per step state change,
-      until it ends or waits for approval; then print its summary. Operators' ctx.progress and
-      agents' streamed text show live (--quiet hides the text); due work that no worker takes
-      for 5 s is reported. With --request-key K --signal NAME: start or signal, the run of K
+      until it ends or waits (for approval, a signal or a timer); then print its summary.
+      Operators' ctx.progress and agents' streamed text show live (--quiet hides the text); due
+      work that no worker takes for 5 s is reported. With --request-key K --signal NAME: start or signal, the run of K
       (started now, or found) gets signal NAME with --data as its payload.
   flujo resume <runId> <job-module> [--concurrency N] [--by NAME] [--json] [--quiet]
       Go on with a run: a failed run is resumed, a running one continued (e.g. after its command

@@ -481,7 +481,7 @@ export function approvalLines(
 /** What a wait step waits for: a signal (how many queued, how to send one), or a time. */
 export function waitLine(runId: string, w: PendingWait): string {
   if (w.signal === null) {
-    return `  waiting for a timer: ${w.stepId} fires at ${time(w.dueAt)}`;
+    return `  waiting for a timer: ${w.stepId} fires at ${time(w.dueAt)} (a running worker fires it)`;
   }
   const timeout = w.dueAt === null ? '' : `, times out at ${time(w.dueAt)}`;
   return `  waiting for signal "${w.signal}": ${w.stepId} (${w.queued} queued${timeout}; send one with ${flujoInvocation()} signal ${shellQuote(runId)} ${w.signal} --data JSON)`;
