@@ -161,6 +161,8 @@ describe('signals and wait steps', () => {
     // The stored events lead to the stored snapshot (the signal cursor included).
     const reproduced = await rt.replay(run.runId, { mode: 'reproduce' });
     expect(reproduced.integrity).toEqual({ ok: true, problems: [], differences: [] });
+    const trace = await rt.trace(run.runId);
+    expect(trace.steps.map((s) => s.stepId)).toEqual(['a', 'w', 'b']);
   });
 
   it('a signal sent before the wait is reached waits in the inbox', async () => {
