@@ -117,7 +117,7 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
   if (strictPricing !== undefined && typeof strictPricing !== 'boolean') {
     badInput(`job module ${name}: strictPricing must be true or false`);
   }
-  const signals = checkSignals(name, mod['signals']);
+  const signals = checkSignals(name, mod['signals'], plan);
   return {
     path,
     file,
@@ -245,8 +245,11 @@ export const JOB_EXPORTS = [
   'signals',
 ] as const;
 
-/** The module's `signals`: each a valid signal name with a zod schema. */
-function checkSignals(name: string, signals: unknown): Record<string, SignalSchema> {
+/**
+ * The module's `signals`: each a valid signal name with a zod schema; when it declares any, every
+ * wait step of its plan must wait for one of them.
+ */
+function checkSignals(name: string, signals: unknown, plan: Plan): Record<string, SignalSchema> {
   if (signals === undefined) return {};
   if (!isRecord(signals)) {
     badInput(
@@ -262,6 +265,14 @@ function checkSignals(name: string, signals: unknown): Record<string, SignalSche
     if (!isRecord(schema) || typeof schema['safeParse'] !== 'function') {
       badInput(`job module ${name}: signals.${signal} must be a zod schema, e.g. z.object({ … })`);
     }
+  }
+  const declared = Object.keys(signals);
+  for (const step of plan.steps) {
+    const wanted = step.kind === 'wait' ? step.for.signal : undefined;
+    if (wanted === undefined || declared.length === 0 || declared.includes(wanted)) continue;
+    badInput(
+      `job module ${name}: step "${step.id}" waits for signal "${wanted}", which signals does not declare (it declares: ${declared.join(', ')}); declare it, or fix the step's for.signal`,
+    );
   }
   return signals as Record<string, SignalSchema>;
 }

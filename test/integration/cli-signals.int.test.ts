@@ -167,4 +167,12 @@ describe('flujo signal', { timeout: 90_000 }, () => {
     expect(refused.code).toBe(2);
     expect(refused.err).toContain('--signal needs --request-key');
   });
+
+  it('a job module whose wait step waits for a signal it does not declare is refused', async () => {
+    const r = await flujo(['validate', 'test/fixtures/jobs/signals-undeclared.ts']);
+    expect(r.code).toBe(2);
+    expect(r.err).toContain(
+      'step "approval" waits for signal "aprove-order", which signals does not declare (it declares: approve-order)',
+    );
+  });
 });
