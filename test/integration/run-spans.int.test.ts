@@ -1,9 +1,9 @@
 /**
  * The spans recorded after the fact, against an SDK that takes the run's chosen ids
  * (`runSpanIdGenerator`) and keeps its spans in memory: the run's span from its start to its end
- * (its steps its children), a span per wait (the retry's backoff, the gate, a risky tool call),
- * each recorded once, by the commit that ended it; a redelivered final event records nothing, and
- * a failed run that is resumed and ends again keeps its one run span.
+ * (its steps its children), a span per wait (the retry's backoff, the gate, a risky tool call, a
+ * wait step), each recorded once, by the commit that ended it; a redelivered final event records
+ * nothing, and a failed run that is resumed and ends again keeps its one run span.
  */
 import { trace } from '@opentelemetry/api';
 import {
