@@ -21,7 +21,6 @@ export interface RunListFilter {
   limit?: number;
 }
 
-/** One run of the list. */
 /** The step that waits (for a person first, else for a signal or a time) and what for. */
 function waitingOf(steps: readonly StepState[]): Pick<RunListEntry, 'waitingStep' | 'waitsFor'> {
   const gate = steps.find((s) => s.status === 'WAITING_APPROVAL');
@@ -36,6 +35,7 @@ function waitingOf(steps: readonly StepState[]): Pick<RunListEntry, 'waitingStep
   return { waitingStep: wait.stepId, waitsFor: what };
 }
 
+/** One run of the list. */
 export interface RunListEntry {
   runId: string;
   planName: string;
