@@ -56,6 +56,8 @@ const CLUSTER_SUITES = [
   'unit',
   'usage-ahead',
   'worker-sweep',
+  'ended-runs',
+  'signals',
 ];
 
 // Three projects. `unit` needs nothing but Node: no Redis, no build. `integration` starts its own

@@ -11,6 +11,7 @@ import type { JsonValue } from './internal/json.js';
 import type { PricingTable } from './llm/pricing.js';
 import type { PlanInput } from './plan/schema.js';
 import type { ToolDefinition } from './tools/define-tool.js';
+import type { SignalSchema } from './actors/runtime-registry.js';
 
 /** The operator names the steps of plan `P` use. */
 export type OperatorNamesOf<P> = P extends { steps: readonly (infer S)[] }
@@ -39,6 +40,11 @@ export interface JobDefinition<P extends PlanInput = PlanInput> {
   policies?: Record<string, PolicyExport>;
   /** The default run input. */
   input?: JsonValue;
+  /**
+   * The signals the plan's runs take: signal name → a zod schema of the payload. Declared, a run
+   * takes no other name, and a payload must pass its schema. @defaultValue any name, any JSON
+   */
+  signals?: Record<string, SignalSchema>;
   /** Called once before run, resume and worker; the function it returns is called on exit. */
   setup?: (ctx: JobSetupContext) => unknown;
   /** Prices per model, or the path of such a JSON file beside the module. */

@@ -58,6 +58,12 @@ export const ErrorCode = {
   ToolCallRejected: 'tool_call_rejected',
   /** A step's primary failed finally, and so did its fallback. Final. */
   FallbackFailed: 'fallback_failed',
+  /** A signal was sent to a run that has ended (succeeded or cancelled). Nothing was written. */
+  RunEnded: 'run_ended',
+  /** A signal's `id` was used before with another name or payload. Nothing was written. */
+  SignalIdConflict: 'signal_id_conflict',
+  /** A wait step's signal did not arrive within its `timeoutMs`. Final. */
+  WaitTimeout: 'wait_timeout',
 } as const;
 /** A value of {@link ErrorCode}. */
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
@@ -898,6 +904,67 @@ export class RunNotResumableError extends FlujoError {
   }
   override get details(): unknown {
     return { runId: this.runId, status: this.status };
+  }
+}
+
+/** A signal was sent to a run that has ended: it can take no signal any more. */
+export class RunEndedError extends FlujoError {
+  override name = 'RunEndedError';
+  readonly code = ErrorCode.RunEnded;
+  constructor(
+    readonly runId: string,
+    readonly status: string,
+    options?: FlujoErrorOptions,
+  ) {
+    super(
+      `Run "${runId}" is ${status}: it takes no more signals. Send the signal to a run that is still going (see \`flujo list\`).`,
+      false,
+      options,
+    );
+  }
+  override get details(): unknown {
+    return { runId: this.runId, status: this.status };
+  }
+}
+
+/** A signal's id was used before, for another name or another payload: the send is refused. */
+export class SignalIdConflictError extends FlujoError {
+  override name = 'SignalIdConflictError';
+  readonly code = ErrorCode.SignalIdConflict;
+  constructor(
+    readonly runId: string,
+    readonly signalId: string,
+    options?: FlujoErrorOptions,
+  ) {
+    super(
+      `Signal id "${signalId}" was already sent to run "${runId}" with another name or payload. Use a new id for a new message, or send the same name and payload to retry.`,
+      false,
+      options,
+    );
+  }
+  override get details(): unknown {
+    return { runId: this.runId, signalId: this.signalId };
+  }
+}
+
+/** A wait step's signal did not arrive within the step's `timeoutMs`. Final. */
+export class WaitTimeoutError extends FlujoError {
+  override name = 'WaitTimeoutError';
+  readonly code = ErrorCode.WaitTimeout;
+  constructor(
+    readonly stepId: string,
+    readonly signal: string,
+    readonly timeoutMs: number,
+    options?: FlujoErrorOptions,
+  ) {
+    super(
+      `Step "${stepId}" waited ${timeoutMs} ms (its timeoutMs) for signal "${signal}", which did not come. Send it sooner, or raise the step's timeoutMs; skip the step to go on without it.`,
+      false,
+      options,
+    );
+  }
+  override get details(): unknown {
+    return { stepId: this.stepId, signal: this.signal, timeoutMs: this.timeoutMs };
   }
 }
 

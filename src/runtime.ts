@@ -48,22 +48,28 @@ import {
 import {
   registerAgent,
   registerAll,
+  registerSignals,
   registerOperator,
   registerPolicy,
 } from './operations/registration.js';
 import { replayRun } from './operations/replay.js';
-import { attachRun, beginRun, type RunHandle } from './operations/starting.js';
+import { sendSignal, type SignalOptions, type SignalReceipt } from './operations/signals.js';
+import type { SignalSchema } from './actors/runtime-registry.js';
+import { attachRun, beginRun, type BeginOptions, type RunHandle } from './operations/starting.js';
 
 export type { StartOptions };
 export type { DecisionInput, SkipInput } from './operations/decisions.js';
 export {
   IDLE_WORK_MS,
   type PendingApproval,
+  type PendingWait,
   type RunReport,
   type RunUsage,
   type StepProgress,
 } from './operations/reading.js';
-export type { RunHandle } from './operations/starting.js';
+export type { BeginOptions, RunHandle } from './operations/starting.js';
+export type { SignalOptions, SignalReceipt, StartSignal } from './operations/signals.js';
+export type { SignalSchema } from './actors/runtime-registry.js';
 
 /** Options of {@link createRuntime}. */
 export interface RuntimeOptions extends CoreOptions {
@@ -100,6 +106,12 @@ export interface RuntimeOptions extends CoreOptions {
    * and changes nothing. @defaultValue none
    */
   inspect?: InspectObserver;
+  /**
+   * The signals each plan declares, by plan name (more with `runtime.signals`): signal name → a
+   * zod schema of its payload. A signal to a run of such a plan must use a declared name and pass
+   * its schema. @defaultValue none: any name, any JSON payload
+   */
+  signals?: Record<string, Record<string, SignalSchema>>;
 }
 
 /** Options of {@link Runtime.operator} and {@link Runtime.agent}. */
@@ -125,11 +137,14 @@ export interface Runtime {
    * `{ allow: false, reason }`; a denial fails the step finally with `policy_denied`.
    */
   policy(name: string, fn: Policy, options?: PolicyOptions): Runtime;
-  /** Starts a run of `plan` (validated) with `input` (plain JSON). */
+  /**
+   * Starts a run of `plan` (validated) with `input` (plain JSON). With `requestKey` and `signal`:
+   * start or signal, the signal sent to the run the key leads to (started now or found).
+   */
   start(
     plan: Plan | PlanInput | string,
     input?: unknown,
-    options?: StartOptions,
+    options?: BeginOptions,
   ): Promise<RunHandle>;
   /** A handle on an existing run. */
   attach(runId: string): Promise<RunHandle>;
@@ -148,6 +163,24 @@ export interface Runtime {
    * (`StepNotSkippableError`) for a step that succeeded or was skipped, and in a cancelled run.
    */
   skip(runId: string, stepId: string, skip: SkipInput): Promise<RunReport>;
+  /**
+   * Sends signal `name` (with `payload`, plain JSON) to run `runId`: appended to the run's inbox in
+   * send order, taken by the first wait step for that name that has not taken one. With `id`, a
+   * send again is a no-op. Refused, writing nothing, for an unknown run (`RunNotFoundError`), a run
+   * that succeeded or was cancelled (`RunEndedError`), a bad name or payload
+   * (`InputValidationError`), an id used with another payload (`SignalIdConflictError`).
+   */
+  signal(
+    runId: string,
+    name: string,
+    payload?: unknown,
+    options?: SignalOptions,
+  ): Promise<SignalReceipt>;
+  /**
+   * Declares the signals of the runs of plan `planName`: signal name → a zod schema of its payload.
+   * Such a run takes only these names, with payloads that pass.
+   */
+  signals(planName: string, schemas: Record<string, SignalSchema>): Runtime;
   /** Cancels a run: open steps are cancelled, running attempts aborted. */
   cancel(runId: string, options?: { by?: string; reason?: string }): Promise<RunReport>;
   /** Resumes a failed run: its failed and cancelled steps are reopened, their attempts going on. */
@@ -238,6 +271,7 @@ const BOUNDED = [
   'setTenantQuota',
   'resolveToolCall',
   'list',
+  'signal',
 ] as const satisfies readonly (keyof Runtime)[];
 
 /**
@@ -258,6 +292,9 @@ export function createRuntime(options: RuntimeOptions): Runtime {
   const core = new RuntimeCore(options);
   if (inspect !== undefined) core.host.observe(commitInspector(inspect, core.log));
   registerAll(core.registry, options);
+  for (const [planName, schemas] of Object.entries(options.signals ?? {})) {
+    registerSignals(core.registry, planName, schemas);
+  }
   const hook = options.authorizeDecision;
   const runtime: Runtime = {
     core,
@@ -277,6 +314,11 @@ export function createRuntime(options: RuntimeOptions): Runtime {
       registerAgent(core.registry, definition, registerOptions);
       return runtime;
     },
+    signals(planName, schemas) {
+      registerSignals(core.registry, planName, schemas);
+      return runtime;
+    },
+    signal: (runId, name, payload, o) => sendSignal(core, runId, name, payload, o),
     start: (planSource, input, opts) => beginRun(core, planSource, input, opts),
     attach: (runId) => attachRun(core, runId),
     approve: (runId, stepId, decision) =>

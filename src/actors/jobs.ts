@@ -16,6 +16,11 @@ export const JobName = {
   retry: 'retry',
   /** The run's wall-clock budget ran out: stop it if it is still going. */
   deadline: 'deadline',
+  /**
+   * Wake wait step `stepId` (attempt `attempt`): a signal it waits for arrived, or its time (a
+   * timer, a signal wait's timeout) came. See `wait.ts`.
+   */
+  wake: 'wake',
 } as const;
 /** A value of {@link JobName}. */
 export type JobName = (typeof JobName)[keyof typeof JobName];
@@ -73,17 +78,67 @@ export function retryJobId(runId: string, stepId: string, attempt: number): stri
 }
 
 /**
- * A glob (Redis `MATCH`) that the ids of the run's unit jobs (step, turn and retry jobs) match, and
+ * A glob (Redis `MATCH`) that the ids of the run's unit jobs (step, turn, retry and wait jobs) match, and
  * some others: check each id with {@link isUnitJobOf}.
  */
 export function unitJobsGlob(runId: string): string {
   return `?|${enc(runId).replace(/[*?[\]\\]/g, (c) => `\\${c}`)}|*`;
 }
 
-/** Whether `jobId` is the id of one of the run's unit jobs (a step, turn or retry job). */
+/** Whether `jobId` is the id of one of the run's unit jobs (a step, turn, retry or wait job). */
 export function isUnitJobOf(jobId: string, runId: string): boolean {
   const [kind, run] = jobId.split('|');
-  return (kind === 's' || kind === 't' || kind === 'r') && run === enc(runId);
+  return (kind === 's' || kind === 't' || kind === 'r' || kind === 'w') && run === enc(runId);
+}
+
+/**
+ * The id of the delayed job that fires attempt `attempt` of wait step `stepId` when its time comes
+ * (a timer, or a signal wait's timeout): one per attempt, so it fires once.
+ */
+export function timerJobId(runId: string, stepId: string, attempt: number): string {
+  return `w|${enc(runId)}|${stepId}|${attempt}|t`;
+}
+
+/**
+ * The id of the job that wakes attempt `attempt` of wait step `stepId` for the signal number
+ * `index` of its name: every sender and every sweep that sees that signal pending adds the same.
+ */
+export function signalWakeJobId(
+  runId: string,
+  stepId: string,
+  attempt: number,
+  index: number,
+): string {
+  return `w|${enc(runId)}|${stepId}|${attempt}|s${index}`;
+}
+
+/** The timer job of a WAITING step whose wait has a due time, due at `dueAt`. */
+export function timerJob(
+  runId: string,
+  stepId: string,
+  attempt: number,
+  dueAt: number,
+  now: number,
+): JobSpec {
+  return {
+    name: JobName.wake,
+    data: { runId, stepId, attempt },
+    opts: { jobId: timerJobId(runId, stepId, attempt), delay: Math.max(0, dueAt - now) },
+  };
+}
+
+/** The job that wakes a WAITING signal wait for the signal number `index` of its name. */
+export function signalWakeJob(
+  runId: string,
+  stepId: string,
+  attempt: number,
+  index: number,
+): JobSpec {
+  return {
+    name: JobName.wake,
+    data: { runId, stepId, attempt },
+    opts: { jobId: signalWakeJobId(runId, stepId, attempt, index) },
+  };
 }
 
 /** The id of the run's wall-clock deadline job. */
@@ -135,7 +190,8 @@ export function isDue(status: string): boolean {
 
 /**
  * Every unit of work the run's snapshot says is due: each READY or RUNNING step attempt (for a granular
- * agent step, its next turn), each scheduled retry. Derived from the snapshot rather than from
+ * agent step, its next turn), each scheduled retry, each WAITING step's timer. (A signal that a
+ * WAITING step may take is in the inbox, not the snapshot: `enqueueDue` looks for it.) Derived from the snapshot rather than from
  * one transition's planned actions, so that enqueueing it again (a redelivered job, a restarted
  * worker) re-creates exactly what is missing and nothing else: the ids are deterministic and
  * BullMQ ignores an id it already holds.
@@ -146,6 +202,8 @@ export function dueJobs(runId: string, snapshot: RunSnapshot, now: number): JobS
   for (const step of runSteps(snapshot)) {
     if (isDue(step.status)) {
       jobs.push(unitJob(runId, step.stepId, step));
+    } else if (step.status === 'WAITING' && (step.wait?.dueAt ?? null) !== null) {
+      jobs.push(timerJob(runId, step.stepId, step.attempt, step.wait!.dueAt!, now));
     } else if (step.status === 'FAILED_RETRYABLE' && step.retryAt !== null) {
       const attempt = step.attempt + 1;
       jobs.push({
@@ -185,6 +243,8 @@ export function plannedJobs(
           fallback: context?.fallback ?? null,
         }),
       );
+    } else if (p.type === 'step.wait' && p.dueAt !== null) {
+      jobs.push(timerJob(runId, p.stepId, p.attempt, p.dueAt, now));
     } else if (p.type === 'step.scheduleRetry') {
       jobs.push({
         name: JobName.retry,

@@ -3,7 +3,8 @@ import type { Redis } from 'ioredis';
 import type { AppliedEvent } from './run-host.js';
 import type { StreamedText } from '../execution/ports.js';
 import type { JsonValue } from '../internal/json.js';
-import type { RunSnapshot } from '../machines/kernel.js';
+import { runSteps, type RunSnapshot, type StepChange } from '../machines/kernel.js';
+import { createInboxStore, type InboxStore } from '../persistence/inbox.js';
 import type { PlannedAction } from '../machines/types.js';
 import type { Plan } from '../plan/schema.js';
 import type { Keys } from '../persistence/keys.js';
@@ -18,6 +19,8 @@ import {
   isUnitJobOf,
   plannedJobs,
   unitJobsGlob,
+  signalWakeJob,
+  timerJobId,
   type JobData,
   type JobSpec,
 } from './jobs.js';
@@ -75,6 +78,7 @@ export class RuntimeQueues {
   readonly #keys: Keys;
   readonly #clock: () => number;
   readonly #meta: RuntimeMeta;
+  readonly #inbox: InboxStore;
 
   /** Opens nothing: the queue, the subscriber and the watcher are made on first use. */
   constructor(options: RuntimeQueuesOptions) {
@@ -86,6 +90,7 @@ export class RuntimeQueues {
     this.#clock = options.clock;
     this.#meta = options.meta;
     this.channels = createRunChannels(options.redis, options.keys);
+    this.#inbox = createInboxStore(options.redis, options.keys);
   }
 
   /**
@@ -127,7 +132,11 @@ export class RuntimeQueues {
     envelope: { snapshot: RunSnapshot; carrier?: string },
     self?: string,
   ): Promise<JobSpec[]> {
-    const jobs = dueJobs(runId, envelope.snapshot, this.#clock());
+    const jobs = [
+      ...dueJobs(runId, envelope.snapshot, this.#clock()),
+      // A signal wait whose signal is in the inbox: its sender's wake-up may have been lost.
+      ...(await this.signalWakes(runId, envelope.snapshot)),
+    ];
     const carried = parseCarrierNote(envelope.carrier);
     if (carried !== null && carried.job !== self) {
       const i = jobs.findIndex((j) => j.opts.jobId === carried.unit);
@@ -211,6 +220,40 @@ export class RuntimeQueues {
       } while (cursor !== '0');
     }
     await this.enqueueDue(runId, envelope);
+  }
+
+  /**
+   * The wake jobs of the run's WAITING signal waits that have a signal to take: a signal of their
+   * name past the run's cursor of that name. Found in the inbox (one read, only for a run that has
+   * such a wait), so a sender that died between its append and its wake-up is healed by any guard
+   * or sweep that enqueues the run's due work.
+   */
+  async signalWakes(runId: string, snapshot: RunSnapshot): Promise<JobSpec[]> {
+    if (snapshot.status !== 'active') return [];
+    const waits = runSteps(snapshot).filter((s) => s.status === 'WAITING' && s.wait?.signal);
+    if (waits.length === 0) return [];
+    const names = [...new Set(waits.map((s) => s.wait!.signal!))];
+    const counts = await this.#inbox.counts(runId, names);
+    const jobs: JobSpec[] = [];
+    for (const s of waits) {
+      const name = s.wait!.signal!;
+      const cursor = snapshot.context.taken?.[name] ?? 0;
+      if ((counts[name] ?? 0) > cursor)
+        jobs.push(signalWakeJob(runId, s.stepId, s.attempt, cursor));
+    }
+    return jobs;
+  }
+
+  /**
+   * Removes the delayed timer jobs of the wait steps a transition moved out of WAITING (a signal
+   * taken, a cancel, a skip, a budget stop), so that no timer of an ended wait stays queued. A job
+   * already running is left to its guard, which finds the step done.
+   */
+  async removeTimers(runId: string, changes: readonly StepChange[]): Promise<void> {
+    for (const c of changes) {
+      if (c.from !== 'WAITING') continue;
+      await this.queue.remove(timerJobId(runId, c.stepId, c.attempt)).catch(() => 0);
+    }
   }
 
   /**

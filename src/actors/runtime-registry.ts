@@ -1,3 +1,4 @@
+import type { z } from 'zod';
 import type { Operator } from '../execution/execute-step.js';
 import type { RegisteredPolicy } from '../execution/policies.js';
 import { modelClients, type ModelClients } from '../execution/model-call.js';
@@ -7,6 +8,16 @@ import type { Logger } from '../logging.js';
 import type { ModelClient } from '../llm/openai-client.js';
 import { createTokenCounter, type TokenCounter } from '../llm/tokens.js';
 import type { PlanStep } from '../plan/schema.js';
+
+/** The schema of a signal's payload: a zod schema (anything with zod's `safeParse`). */
+export interface SignalSchema {
+  /** Checks a payload: its parsed value, or the issues that refuse it (zod's `safeParse`). */
+  safeParse(
+    value: unknown,
+  ):
+    | { success: true; data: unknown }
+    | { success: false; error: { issues: readonly z.core.$ZodIssue[] } };
+}
 import { createToolRegistry, type ToolRegistry } from '../tools/registry.js';
 
 /**
@@ -25,6 +36,11 @@ export class RuntimeRegistry implements ModelClients {
   readonly policies = new Map<string, RegisteredPolicy>();
   /** The agents, by name. */
   readonly agents = new Map<string, AgentDefinition>();
+  /**
+   * The signals each plan declares, by plan name: signal name → the schema its payload must pass.
+   * A plan that declares any takes no other name.
+   */
+  readonly signals = new Map<string, Record<string, SignalSchema>>();
   /** The tools, by name. */
   readonly tools: ToolRegistry = createToolRegistry();
   readonly #clients = modelClients();

@@ -27,6 +27,7 @@ import { createActiveRuns, type ActiveRuns } from '../persistence/active-runs.js
 import { createRunCounters, type RunCounters } from '../persistence/run-counters.js';
 import { createRequestKeys, type RequestKeys } from '../persistence/request-keys.js';
 import { createUnitNotes, type UnitNotes } from '../persistence/unit-notes.js';
+import { createInboxStore, type InboxStore } from '../persistence/inbox.js';
 import type { ReplicaAck } from '../persistence/replicas.js';
 
 /** The unit-notes field {@link RuntimeStores.acknowledgeRead} writes: not a step id (see STEP_ID_PATTERN). */
@@ -73,6 +74,8 @@ export class RuntimeStores {
   readonly requestKeys: RequestKeys;
   /** The notes workers leave when they start a unit. */
   readonly unitNotes: UnitNotes;
+  /** The runs' inboxes of signals. */
+  readonly inbox: InboxStore;
   /** The model replies of agent turns, journaled before they are used. */
   readonly journal: ModelJournal;
   /** The message histories of granular agent steps. */
@@ -118,6 +121,7 @@ export class RuntimeStores {
     this.counters = createRunCounters(redis, keys);
     this.requestKeys = createRequestKeys(redis, keys, replicas);
     this.unitNotes = createUnitNotes(redis, keys);
+    this.inbox = createInboxStore(redis, keys);
     const stores = { redis, prefix: keys.prefix };
     this.journal = createModelJournal(stores);
     this.history = createHistoryStore(stores);

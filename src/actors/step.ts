@@ -28,6 +28,7 @@ import {
 import type { JobData } from './jobs.js';
 import { executeCached } from '../execution/step-cache.js';
 import { startUnit } from './unit-start.js';
+import { runWaitUnit } from './wait.js';
 import {
   admitUnit,
   afterCommit,
@@ -66,6 +67,8 @@ export async function runStepUnit(
   // 1. Admit.
   const admitted = held ?? (await admitUnit(host, data, chain.self));
   if (typeof admitted === 'string') return admitted;
+  // A wait step runs no code: its unit is a wait's (wait.ts).
+  if (admitted.step.kind === 'wait') return runWaitUnit(host, data, admitted);
   const { env, state, meta, step } = admitted;
   const { runId } = data;
   const stepId = data.stepId!;

@@ -280,6 +280,7 @@ export async function stopForBudget(
   };
   const applied = await core.host.apply(runId, event, env);
   await core.queues.publishAborts(runId, applied.transition.planned);
+  await core.queues.removeTimers(runId, applied.transition.changes);
   await core.queues.enqueueDue(runId, applied.envelope);
 }
 

@@ -43,6 +43,12 @@ export interface Values {
   verbose?: boolean;
   /** `flujo init --no-node`. */
   'no-node'?: boolean;
+  /** `flujo signal --data JSON`: the signal's payload. */
+  data?: string;
+  /** `flujo signal --id ID`: the signal's id (a send again with it is a no-op). */
+  id?: string;
+  /** `flujo run --signal NAME`: start or signal. */
+  signal?: string;
 }
 
 /** A command's arguments and surroundings. */

@@ -6,7 +6,7 @@ export const ExitCode = {
   failed: 1,
   /** Bad input: the message names the field and the fix. Nothing was written. */
   badInput: 2,
-  /** The run waits for a person's approval. */
+  /** The run waits: for a person's approval, a signal or a timer. */
   waiting: 3,
   /** The run failed because it hit one of its budgets (`budget_exceeded`). */
   budgetExceeded: 4,

@@ -25,7 +25,8 @@ import { ConfigurationError, InputValidationError, PlanValidationError } from '.
 import { toolParametersSchema } from '../agents/tool-schema.js';
 import { findNonJson, type JsonValue } from '../internal/json.js';
 import { parsePlan } from '../plan/parse-plan.js';
-import type { Plan } from '../plan/schema.js';
+import { signalNameSchema, type Plan } from '../plan/schema.js';
+import type { SignalSchema } from '../actors/runtime-registry.js';
 import type { ToolDefinition } from '../tools/define-tool.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
 import type { Runtime } from '../runtime.js';
@@ -71,6 +72,8 @@ export interface JobModule {
   pricing: PricingTable | undefined;
   /** The module's `strictPricing`: a model without a price is refused before any request. */
   strictPricing: boolean;
+  /** The signals its plan declares: name → zod schema of the payload (empty: any, unchecked). */
+  signals: Record<string, SignalSchema>;
 }
 
 const isRecord = (v: unknown): v is Record<string, unknown> =>
@@ -114,10 +117,12 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
   if (strictPricing !== undefined && typeof strictPricing !== 'boolean') {
     badInput(`job module ${name}: strictPricing must be true or false`);
   }
+  const signals = checkSignals(name, mod['signals'], plan);
   return {
     path,
     file,
     plan,
+    signals,
     operators,
     policies,
     tools,
@@ -237,7 +242,40 @@ export const JOB_EXPORTS = [
   'setup',
   'pricing',
   'strictPricing',
+  'signals',
 ] as const;
+
+/**
+ * The module's `signals`: each a valid signal name with a zod schema; when it declares any, every
+ * wait step of its plan must wait for one of them.
+ */
+function checkSignals(name: string, signals: unknown, plan: Plan): Record<string, SignalSchema> {
+  if (signals === undefined) return {};
+  if (!isRecord(signals)) {
+    badInput(
+      `job module ${name}: signals must be an object of zod schemas, e.g. \`export const signals = { approve: z.object({ by: z.string() }) }\``,
+    );
+  }
+  for (const [signal, schema] of Object.entries(signals)) {
+    if (!signalNameSchema.safeParse(signal).success) {
+      badInput(
+        `job module ${name}: signals.${signal} is not a signal name: use 1 to 128 letters, digits, "_", "." or "-"`,
+      );
+    }
+    if (!isRecord(schema) || typeof schema['safeParse'] !== 'function') {
+      badInput(`job module ${name}: signals.${signal} must be a zod schema, e.g. z.object({ … })`);
+    }
+  }
+  const declared = Object.keys(signals);
+  for (const step of plan.steps) {
+    const wanted = step.kind === 'wait' ? step.for.signal : undefined;
+    if (wanted === undefined || declared.length === 0 || declared.includes(wanted)) continue;
+    badInput(
+      `job module ${name}: step "${step.id}" waits for signal "${wanted}", which signals does not declare (it declares: ${declared.join(', ')}); declare it, or fix the step's for.signal`,
+    );
+  }
+  return signals as Record<string, SignalSchema>;
+}
 
 /** Edit distance of two short names (case-insensitive). */
 function distance(a: string, b: string): number {

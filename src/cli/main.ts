@@ -13,12 +13,13 @@ const HELP = `flujo: durable execution runtime for AI agents and multi-step jobs
 
 Usage:
   flujo run <job-module> [--input JSON] [--run-id ID] [--request-key K] [--concurrency N] [--json]
-           [--quiet]
+           [--quiet] [--signal NAME [--data JSON] [--id ID]]
       Start a run (with --request-key: find that key's run), print its id and the exact resume
       command first, then execute it with an in-process worker, one line per step state change,
-      until it ends or waits for approval; then print its summary. Operators' ctx.progress and
-      agents' streamed text show live (--quiet hides the text); due work that no worker takes
-      for 5 s is reported.
+      until it ends or waits (for approval, a signal or a timer); then print its summary.
+      Operators' ctx.progress and agents' streamed text show live (--quiet hides the text); due
+      work that no worker takes for 5 s is reported. With --request-key K --signal NAME: start or signal, the run of K
+      (started now, or found) gets signal NAME with --data as its payload.
   flujo resume <runId> <job-module> [--concurrency N] [--by NAME] [--json] [--quiet]
       Go on with a run: a failed run is resumed, a running one continued (e.g. after its command
       was killed); an ended or waiting run is only reported.
@@ -57,6 +58,13 @@ Usage:
       a step that has not succeeded becomes SKIPPED; its dependents run with its output null
       (those its failure had cancelled run again)
   flujo cancel <runId> [--by NAME] [--reason TEXT] [--json]
+  flujo signal <runId> <name> [--data JSON] [--id ID] [--json]
+      send signal <name> to the run, with --data as its payload (JSON; default null): appended to
+      the run's inbox in send order and taken by the first wait step for <name> that has not
+      taken one. --id makes a send again a no-op (the same id with another payload: exit 2).
+      When the run records its job module and the module exports signals (zod schemas), the
+      name must be one of them and the payload must pass its schema (exit 2 otherwise). An
+      unknown run, or one that succeeded or was cancelled: exit 2. Nothing is written when refused
   flujo trace <runId> [--out FILE] [--html]       the run's trace as JSON (every step, attempt,
       agent turn, model call, tool call and approval wait, with times); --html: a self-contained
       page that draws it as a timeline (open it in a browser, offline); --out: into FILE
@@ -107,6 +115,8 @@ Job module (run, resume, worker): an ES module (.js, .mjs or .ts; it imports the
   pricing     { models: { "<model>": { inputPerMillion, outputPerMillion } } } in USD, or the
               path of such a JSON file beside the module (optional)
   strictPricing  true: a model without a price fails its step before any request (optional)
+  signals     { name: zodSchema }: the signals its runs take (optional); flujo signal checks a
+              payload against them when the run records this module
 The other commands need no job module: the plan is stored with the run.
 
 Redis: --redis URL, else REDIS_URL, else an embedded redis-server with AOF, its data in
@@ -123,7 +133,7 @@ Exit codes:
   0    the run succeeded, or the command did what it was asked
   1    the run failed
   2    bad input: the message names the fix, and nothing was written
-  3    the run waits for approval
+  3    the run waits (for approval, a signal or a timer)
   4    the run exceeded a budget (it failed with reason budget_exceeded)
   5    the run was cancelled
   6    Redis unavailable
@@ -136,6 +146,9 @@ const OPTIONS = {
   input: { type: 'string' },
   'run-id': { type: 'string' },
   'request-key': { type: 'string' },
+  data: { type: 'string' },
+  id: { type: 'string' },
+  signal: { type: 'string' },
   concurrency: { type: 'string' },
   follow: { type: 'boolean' },
   out: { type: 'string' },
@@ -179,6 +192,9 @@ const ALLOWED: Record<string, readonly string[]> = {
     'input',
     'run-id',
     'request-key',
+    'signal',
+    'data',
+    'id',
     'concurrency',
     'json',
     'quiet',
@@ -197,6 +213,7 @@ const ALLOWED: Record<string, readonly string[]> = {
   reject: DECIDE,
   skip: ['by', 'reason', 'json', ...CONNECTS],
   cancel: ['by', 'reason', 'json', ...CONNECTS],
+  signal: ['data', 'id', 'json', ...CONNECTS],
   ledger: ['json', 'succeeded', 'retry', 'by', ...CONNECTS],
   usage: ['json', ...CONNECTS],
   replay: ['mode', 'from', 'allow-effects', 'json', ...CONNECTS],
@@ -240,6 +257,8 @@ async function dispatch(command: string, ctx: Ctx): Promise<number> {
       return (await import('./commands/steer.js')).cmdDecide(ctx, command);
     case 'cancel':
       return (await import('./commands/steer.js')).cmdCancel(ctx);
+    case 'signal':
+      return (await import('./commands/signal.js')).cmdSignal(ctx);
     case 'skip':
       return (await import('./commands/steer.js')).cmdSkip(ctx);
     case 'ledger': {
@@ -277,6 +296,7 @@ const TRACED = new Set([
   'reject',
   'skip',
   'cancel',
+  'signal',
   'ledger',
   'replay',
   'ui',
@@ -316,6 +336,8 @@ function report(command: string, error: unknown): number {
       case 'plan_invalid':
       case 'ledger_state_invalid':
       case 'configuration_invalid':
+      case 'run_ended':
+      case 'signal_id_conflict':
         say(oneLine);
         return ExitCode.badInput;
       default:

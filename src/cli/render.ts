@@ -3,6 +3,7 @@ import type { LedgerEntry } from '../persistence/ledger.js';
 import type { StoredRunEvent } from '../persistence/snapshot-store.js';
 import { countModelCalls, reconciliationText } from '../persistence/reservation-words.js';
 import type { PendingApproval, RunReport, RunUsage } from '../runtime.js';
+import type { PendingWait } from '../operations/reading.js';
 import { existsSync, realpathSync } from 'node:fs';
 import { delimiter, isAbsolute, join, relative, resolve } from 'node:path';
 import type { SerializedError } from '../errors.js';
@@ -250,6 +251,15 @@ export function eventLine(e: StoredRunEvent, options: RenderOptions = {}): strin
     case 'step.started':
       detail = `${s('stepId')} attempt ${s('attempt')}`;
       break;
+    case 'wait.started':
+      detail = `${s('stepId')} attempt ${s('attempt')}: ${d['signal'] === undefined ? 'timer' : `signal "${s('signal')}"`}${d['dueAt'] === undefined ? '' : ` until ${time(d['dueAt'])}`}`;
+      break;
+    case 'signal.received':
+      detail = `"${s('name')}" #${Number(d['index']) + 1} (seq ${s('seq')}${d['id'] === null ? '' : `, id ${s('id')}`}): ${preview(d['payload'], 80, full)}`;
+      break;
+    case 'signal.taken':
+      detail = `${s('stepId')} attempt ${s('attempt')}: "${s('name')}" #${Number(d['index']) + 1} (seq ${s('seq')})`;
+      break;
     case 'tool.called':
       detail = `${unitOf(d)}: ${s('tool')} (${s('class')}) ${toolVerdict(d)}${d['error'] === undefined ? '' : ` ${s('error')}`}, ${duration(Number(d['durationMs']))}; call ${callIdText(s('callId'), full)}`;
       break;
@@ -437,7 +447,7 @@ export function listLines(runs: readonly RunListEntry[], now: number): string[] 
 
 /** The STEP column of the list: the step that waits or works, or where and why a run failed. */
 function stepText(r: RunListEntry): string {
-  if (r.waitingStep !== null) return `${r.waitingStep} (waits for approval)`;
+  if (r.waitingStep !== null) return `${r.waitingStep} (waits for ${r.waitsFor ?? 'approval'})`;
   if (r.status === 'failed' && (r.blockedStep != null || r.reason != null)) {
     const why = r.reason == null ? 'failed' : `failed: ${r.reason}`;
     return r.blockedStep == null ? `(${why})` : `${r.blockedStep} (${why})`;
@@ -468,6 +478,15 @@ export function approvalLines(
   return lines;
 }
 
+/** What a wait step waits for: a signal (how many queued, how to send one), or a time. */
+export function waitLine(runId: string, w: PendingWait): string {
+  if (w.signal === null) {
+    return `  waiting for a timer: ${w.stepId} fires at ${time(w.dueAt)} (a running worker fires it)`;
+  }
+  const timeout = w.dueAt === null ? '' : `, times out at ${time(w.dueAt)}`;
+  return `  waiting for signal "${w.signal}": ${w.stepId} (${w.queued} queued${timeout}; send one with ${flujoInvocation()} signal ${shellQuote(runId)} ${w.signal} --data JSON)`;
+}
+
 /** What a run came to: status, produced outputs, blocked step and reason, and what to do next. */
 export function summaryLines(
   report: RunReport,
@@ -484,6 +503,7 @@ export function summaryLines(
   for (const approval of report.approvals ?? []) {
     lines.push(...approvalLines(runId, approval, options));
   }
+  for (const wait of report.waits ?? []) lines.push(waitLine(runId, wait));
   if (resume !== undefined && (waiting.length > 0 || report.status === 'failed')) {
     lines.push(`  then continue with: ${resume}`);
     if (resume.includes(`:${MASKED_PASSWORD}@`)) lines.push(`  note: ${MASKED_PASSWORD_HINT}`);

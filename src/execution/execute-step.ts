@@ -495,6 +495,9 @@ async function executeOnce(
         await enforcePolicy(policy, step, policyArgs);
         return { policy: policy.name, allow: true };
       }
+      case 'wait':
+        // A wait step is driven by its own unit (actors/wait.ts), never executed.
+        throw new InvariantError(`wait step "${step.id}" was handed to an operator's execution`);
       default: {
         const name = step.operator;
         const op = deps.operators.get(name);

@@ -28,6 +28,8 @@ export const DebugPoint = {
   afterRequestSent: 'after-request-sent',
   /** A step attempt's result is decided; its commit is not yet sent. */
   beforeCommit: 'before-commit',
+  /** A signal is in the run's inbox; the wait step that may take it is not yet woken. */
+  afterSignalAppend: 'after-signal-append',
 } as const;
 /** A value of {@link DebugPoint}. */
 export type DebugPoint = (typeof DebugPoint)[keyof typeof DebugPoint];

@@ -61,6 +61,11 @@ export interface RunContext {
   /** How many times the run was resumed after failing. */
   resumes: number;
   /**
+   * Signals taken by the run's wait steps, per signal name: the next wait for `name` takes the
+   * signal of that name with this index (0-based, in send order). Absent: none taken yet.
+   */
+  taken?: Record<string, number>;
+  /**
    * Steps the run has ordered cancelled (run cancel, failed dependency) whose own report has not
    * arrived yet, so that no second order is sent to them meanwhile.
    */
@@ -303,6 +308,18 @@ export const runMachine = setup({
       const view = 'stepId' in event ? context.steps[event.stepId] : undefined;
       return view !== undefined && !isFinalStepStatus(view.status);
     },
+    // A wait step takes the next signal of its name, and no other: the cursor of that name is the
+    // signal's index, and the step still waits for it in this attempt.
+    isNextSignal: ({ context, event }) => {
+      if (event.type !== 'signal.taken') return false;
+      const view = context.steps[event.stepId];
+      return (
+        view !== undefined &&
+        (view.status === 'WAITING' || view.status === 'READY') &&
+        view.attempt === event.attempt &&
+        (context.taken?.[event.name] ?? 0) === event.index
+      );
+    },
     // A person's skip (no attempt named) of a step that failed finally or was cancelled, in a run
     // that was not cancelled.
     isSkipOfEndedStep: ({ context, event }) => {
@@ -402,6 +419,15 @@ export const runMachine = setup({
     'gate.rejected': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
     'retry.due': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
     'turn.committed': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
+    'wait.started': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
+    // The step's success with the signal's payload is committed with it, as the next event.
+    'signal.taken': {
+      guard: 'isNextSignal',
+      actions: assign({
+        taken: ({ context, event }) => ({ ...context.taken, [event.name]: event.index + 1 }),
+        updatedAt: ({ context, event }) => Math.max(context.updatedAt, event.at),
+      }),
+    },
     'run.cancelled': {
       guard: 'isFirstCancel',
       actions: [

@@ -18,8 +18,8 @@ const satisfies = (view: StepView | undefined): boolean =>
  *   or was cancelled (a step is only cancelled without a run cancel when upstream of it failed),
  *   or the runtime stopped the run (a budget), else `succeeded` (every step SUCCEEDED or SKIPPED);
  * - otherwise `running` while any step is running, ready (or pending with its dependencies met) or
- *   due for a retry, else `waiting` (only a
- *   person approving or rejecting a gate can move the run on).
+ *   due for a retry, else `waiting` (only a person deciding on a gate or a call, a signal or a
+ *   wait step's time can move the run on: WAITING_APPROVAL and WAITING steps are not active).
  */
 export function deriveRunStatus({
   steps,

@@ -11,6 +11,7 @@ import type {
   StepSucceededEvent,
   ToolApprovalRequestedEvent,
   TurnCommittedEvent,
+  WaitStartedEvent,
 } from '../schemas/events.js';
 import {
   StepReason,
@@ -69,6 +70,7 @@ export type StepEvent =
   | GateRejectedEvent
   | RetryDueEvent
   | TurnCommittedEvent
+  | WaitStartedEvent
   | DepsMetEvent
   | DepsFailedEvent
   | StepCancelEvent;
@@ -92,6 +94,13 @@ function planFor(status: StepStatus, context: StepContext): PlannedAction | null
       };
     case 'WAITING_APPROVAL':
       return { type: 'step.requestApproval', stepId: context.stepId };
+    case 'WAITING':
+      return {
+        type: 'step.wait',
+        stepId: context.stepId,
+        attempt: context.attempt,
+        dueAt: context.wait?.dueAt ?? null,
+      };
     case 'CANCELLED':
     case 'SKIPPED':
       return context.abortedAttempt === null
@@ -172,6 +181,15 @@ export const stepMachine = setup({
       updatedAt: event.at,
     })),
     touch: assign({ updatedAt: ({ event }) => event.at }),
+    // A wait step starts waiting: what for, and until when, as the event computed it once.
+    startWait: assign(({ event }) =>
+      event.type !== 'wait.started'
+        ? {}
+        : {
+            wait: { signal: event.signal ?? null, dueAt: event.dueAt ?? null, since: event.at },
+            updatedAt: event.at,
+          },
+    ),
     commitTurn: assign(({ event }) =>
       event.type !== 'turn.committed'
         ? {}
@@ -359,6 +377,7 @@ export const stepMachine = setup({
       on: {
         'step.started': { guard: 'isCurrentAttempt', target: 'RUNNING', actions: 'touch' },
         'turn.committed': { guard: 'isNextTurn', target: 'RUNNING', actions: 'commitTurn' },
+        'wait.started': { guard: 'isCurrentAttempt', target: 'WAITING', actions: 'startWait' },
         'step.cacheHit': { guard: 'isCurrentAttempt', actions: 'noteCacheHit' },
         'step.succeeded': { guard: 'isCurrentAttempt', target: 'SUCCEEDED', actions: 'succeed' },
         'step.failed': [
@@ -405,6 +424,7 @@ export const stepMachine = setup({
     RUNNING: {
       entry: { type: 'report', params: ({ context }) => stepReport('RUNNING', context) },
       on: {
+        'wait.started': { guard: 'isCurrentAttempt', target: 'WAITING', actions: 'startWait' },
         'step.cacheHit': { guard: 'isCurrentAttempt', actions: 'noteCacheHit' },
         'step.succeeded': { guard: 'isCurrentAttempt', target: 'SUCCEEDED', actions: 'succeed' },
         'step.failed': [
@@ -423,6 +443,17 @@ export const stepMachine = setup({
           { guard: 'isSkipRequest', target: 'SKIPPED', actions: ['close', 'markAborted'] },
         ],
         'step.cancel': { target: 'CANCELLED', actions: ['close', 'markAborted'] },
+      },
+    },
+    // A wait step waits for a signal or a time: no worker holds it. The unit that takes the signal
+    // or fires the timer commits its success (or a signal wait's timeout, final) straight from here.
+    WAITING: {
+      entry: { type: 'report', params: ({ context }) => stepReport('WAITING', context) },
+      on: {
+        'step.succeeded': { guard: 'isCurrentAttempt', target: 'SUCCEEDED', actions: 'succeed' },
+        'step.failed': { guard: 'isCurrentAttempt', target: 'FAILED_FINAL', actions: 'failFinal' },
+        'step.skipped': { guard: 'isSkipRequest', target: 'SKIPPED', actions: 'close' },
+        'step.cancel': { target: 'CANCELLED', actions: 'close' },
       },
     },
     FAILED_RETRYABLE: {

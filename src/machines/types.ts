@@ -1,7 +1,7 @@
 import type { SerializedError } from '../errors.js';
 import type { JsonValue } from '../internal/json.js';
 
-/** The nine states of a step. */
+/** The ten states of a step. */
 export const StepStatus = {
   PENDING: 'PENDING',
   READY: 'READY',
@@ -10,6 +10,8 @@ export const StepStatus = {
   FAILED_RETRYABLE: 'FAILED_RETRYABLE',
   FAILED_FINAL: 'FAILED_FINAL',
   WAITING_APPROVAL: 'WAITING_APPROVAL',
+  /** A wait step waits for a signal or a timer; no worker holds it. */
+  WAITING: 'WAITING',
   SKIPPED: 'SKIPPED',
   CANCELLED: 'CANCELLED',
 } as const;
@@ -101,6 +103,8 @@ export type PlannedAction =
     }
   | { type: 'step.scheduleRetry'; stepId: string; attempt: number; at: number; delayMs: number }
   | { type: 'step.requestApproval'; stepId: string }
+  /** A wait step started waiting: a timer (or a signal wait's timeout) is due at `dueAt`. */
+  | { type: 'step.wait'; stepId: string; attempt: number; dueAt: number | null }
   | { type: 'step.abort'; stepId: string; attempt: number };
 
 /** What a step tells its run each time it enters a state. */
@@ -160,6 +164,8 @@ export interface StepContext {
   pauses: number;
   /** The step's fallback phase; null for a step without a fallback. */
   fallback: FallbackPhase | null;
+  /** What a wait step waits for, from when it started waiting (null for every other step). */
+  wait?: WaitState | null;
   /** Where the step's output came from, when a cache entry gave it (no attempt ran). */
   cachedFrom: CacheSource | null;
   updatedAt: number;
@@ -172,6 +178,16 @@ export interface StepContext {
 export interface FallbackPhase {
   active: boolean;
   primaryError: SerializedError | null;
+}
+
+/**
+ * What a WAITING step waits for: the next signal `signal` (until `dueAt` when it has a timeout),
+ * or the time `dueAt` (a timer), computed once when it started waiting (`since`).
+ */
+export interface WaitState {
+  signal: string | null;
+  dueAt: number | null;
+  since: number;
 }
 
 /** The cache entry a step's output came from. */

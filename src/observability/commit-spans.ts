@@ -43,6 +43,33 @@ function stepOf(snapshot: RunSnapshot, stepId: string): StepState | undefined {
   return runSteps(snapshot).find((s) => s.stepId === stepId);
 }
 
+/**
+ * The wait of a wait step that an event ends (a signal taken, a timer fired, a signal wait timed
+ * out), from the step as it was before: from when it started waiting.
+ */
+function waitStepEnded(
+  e: RunEvent,
+  before: RunSnapshot,
+): Omit<WaitSpanFacts, 'traceparent'> | null {
+  if (e.type !== 'step.succeeded' && e.type !== 'step.failed') return null;
+  const step = stepOf(before, e.stepId);
+  const wait = step?.wait ?? null;
+  if (step?.status !== 'WAITING' || wait === null) return null;
+  const ids = { stepId: e.stepId, attempt: step.attempt };
+  if (wait.signal === null) {
+    const attributes = wait.dueAt === null ? {} : { 'flujo.wait.due_at': wait.dueAt };
+    return { name: 'flujo.wait.timer', ids, start: wait.since, end: e.at, attributes };
+  }
+  const outcome = e.type === 'step.succeeded' ? 'taken' : 'timed_out';
+  return {
+    name: 'flujo.wait.signal',
+    ids,
+    start: wait.since,
+    end: e.at,
+    attributes: { 'flujo.wait.signal': wait.signal, 'flujo.wait.outcome': outcome },
+  };
+}
+
 /** The wait an event ends, from the step as it was before. */
 function waitEnded(e: RunEvent, before: RunSnapshot): Omit<WaitSpanFacts, 'traceparent'> | null {
   if (e.type === 'gate.approved' || e.type === 'gate.rejected') {
@@ -97,7 +124,7 @@ export function commitSpans(
 ): (commit: CommittedEvents) => void {
   return ({ runId, before, events, after }) => {
     if (!tracingEnabled()) return;
-    const waits = events.flatMap((e) => waitEnded(e, before) ?? []);
+    const waits = events.flatMap((e) => waitEnded(e, before) ?? waitStepEnded(e, before) ?? []);
     const status = runStatus(after);
     const ended = !ENDED.has(runStatus(before)) && ENDED.has(status) && after.context.resumes === 0;
     if (waits.length === 0 && !ended) return;

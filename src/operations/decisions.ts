@@ -225,6 +225,7 @@ export async function skipStep(
   }
   if (after === 'succeeded') await core.stores.runs.ended(runId, after, applied.envelope.updatedAt);
   await core.queues.publishAborts(runId, applied.transition.planned);
+  await core.queues.removeTimers(runId, applied.transition.changes);
   await core.queues.enqueueDue(runId, applied.envelope);
   return readReport(core, runId);
 }
@@ -242,6 +243,7 @@ export async function cancelRun(
     at: core.clock(),
   });
   await core.queues.publishAborts(runId, applied.transition.planned);
+  await core.queues.removeTimers(runId, applied.transition.changes);
   if (applied.transition.status === 'cancelled') {
     await core.stores.runs.ended(runId, 'cancelled', applied.envelope.updatedAt);
   }

@@ -32,6 +32,44 @@ export interface PendingApproval {
   call: PendingCall | null;
 }
 
+/** A wait step that waits: for a signal (and how many of its name are queued), or a time. */
+export interface PendingWait {
+  stepId: string;
+  /** The signal it waits for; null for a timer. */
+  signal: string | null;
+  /** Signals of that name sent to the run and not taken yet (0 for a timer). */
+  queued: number;
+  /** When the timer fires, or a signal wait times out (epoch ms); null: never. */
+  dueAt: number | null;
+  /** When it started waiting (epoch ms). */
+  since: number;
+}
+
+/** The waits of a run's WAITING steps, with the signals queued for each (one read). */
+export async function pendingWaits(
+  core: RuntimeCore,
+  runId: string,
+  snapshot: RunSnapshot,
+  steps: readonly StepState[],
+): Promise<PendingWait[]> {
+  const waiting = steps.filter(
+    (s) => s.status === 'WAITING' && s.wait !== undefined && s.wait !== null,
+  );
+  if (waiting.length === 0) return [];
+  const names = [
+    ...new Set(waiting.flatMap((s) => (s.wait!.signal === null ? [] : [s.wait!.signal]))),
+  ];
+  const counts = await core.stores.inbox.counts(runId, names);
+  return waiting.map((s) => {
+    const { signal, dueAt, since } = s.wait!;
+    const queued =
+      signal === null
+        ? 0
+        : Math.max(0, (counts[signal] ?? 0) - (snapshot.context.taken?.[signal] ?? 0));
+    return { stepId: s.stepId, signal, queued, dueAt, since };
+  });
+}
+
 /** A run as it stands. */
 export interface RunReport {
   runId: string;
@@ -47,6 +85,8 @@ export interface RunReport {
   steps: StepState[];
   /** What waits for a person: one entry per step in WAITING_APPROVAL. */
   approvals: PendingApproval[];
+  /** What waits for a signal or a time: one entry per step in WAITING. */
+  waits: PendingWait[];
   summary: RunSummary;
   createdAt: number;
   updatedAt: number;
@@ -190,6 +230,7 @@ export async function readReport(core: RuntimeCore, runId: string): Promise<RunR
     version: env.version,
     steps,
     approvals: pendingApprovals(steps, meta.plan),
+    waits: await pendingWaits(core, runId, env.snapshot, steps),
     summary: summarize(env.snapshot, status, env.updatedAt),
     createdAt: env.snapshot.context.createdAt,
     updatedAt: env.updatedAt,

@@ -2,7 +2,8 @@
  * Registration: the operators, tools, agents and policies a runtime is given, in its options or
  * one by one. Each a plain function of the runtime's registry.
  */
-import type { RuntimeRegistry } from '../actors/runtime-registry.js';
+import type { RuntimeRegistry, SignalSchema } from '../actors/runtime-registry.js';
+import { signalNameSchema } from '../plan/schema.js';
 import type { Operator } from '../execution/execute-step.js';
 import {
   definePolicy,
@@ -11,7 +12,7 @@ import {
   type PolicyOptions,
 } from '../execution/policies.js';
 import type { AgentDefinition } from '../agents/define-agent.js';
-import { ConfigurationError, InputValidationError } from '../errors.js';
+import { ConfigurationError, InputValidationError, type ValidationIssue } from '../errors.js';
 import type { ToolDefinition } from '../tools/define-tool.js';
 
 /** What the runtime's options register. */
@@ -105,4 +106,36 @@ export function registerAgent(
   const version = checkVersion(options, 'agent');
   registry.agents.set(definition.name, definition);
   if (version !== undefined) registry.agentVersions.set(definition.name, version);
+}
+
+/**
+ * Declares the signals of plan `planName` (`runtime.signals`): each name must be a valid signal
+ * name and each schema have zod's `safeParse`. Replaces what the plan declared before.
+ */
+export function registerSignals(
+  registry: RuntimeRegistry,
+  planName: string,
+  schemas: Record<string, SignalSchema>,
+): void {
+  const issues: ValidationIssue[] = [];
+  if (typeof planName !== 'string' || planName.length === 0) {
+    issues.push({ path: 'planName', message: 'must be the name of a plan' });
+  }
+  if (typeof schemas !== 'object' || schemas === null) {
+    issues.push({ path: 'signals', message: 'must be an object: signal name → zod schema' });
+  } else {
+    for (const [name, schema] of Object.entries(schemas)) {
+      if (!signalNameSchema.safeParse(name).success) {
+        issues.push({
+          path: `signals.${name}`,
+          message: 'is not a signal name: use 1 to 128 letters, digits, "_", "." or "-"',
+        });
+      }
+      if (typeof (schema as { safeParse?: unknown } | null)?.safeParse !== 'function') {
+        issues.push({ path: `signals.${name}`, message: 'must be a zod schema (z.object({ … }))' });
+      }
+    }
+  }
+  if (issues.length > 0) throw new InputValidationError('signals', issues);
+  registry.signals.set(planName, { ...schemas });
 }

@@ -65,6 +65,12 @@ export const RunKeyKind = {
   Replays: 'replays',
   /** HASH: field `<stepId>` → the latest progress the step's operator reported (JSON). */
   Progress: 'progress',
+  /**
+   * HASH: the run's inbox of signals, append-only in send order: `n` (signals in all), `c:<name>`
+   * (signals of that name), `s:<name>:<index>` (one signal as JSON), `i:<id>` (a signal id → its
+   * `<index> <seq> <sha1 of payload> <name>`, so a retried send is a no-op).
+   */
+  Inbox: 'inbox',
 } as const;
 /** A value of {@link RunKeyKind}. */
 export type RunKeyKind = (typeof RunKeyKind)[keyof typeof RunKeyKind];
@@ -170,6 +176,8 @@ export interface Keys {
   runInfo(): string;
   /** The run's latest progress per step (HASH, see `RunKeyKind.Progress`). */
   progress(runId: string): string;
+  /** The run's inbox of signals (HASH, see `RunKeyKind.Inbox`). */
+  inbox(runId: string): string;
   /** STRING: the run id a request key maps to, per tenant. Not run-scoped. */
   requestKey(tenantId: string, requestKey: string): string;
   /** The BullMQ key prefix: hash-tagged, so every queue key shares one Redis Cluster slot. */
@@ -326,6 +334,7 @@ export function createKeys(prefix: string = DEFAULT_KEY_PREFIX): Keys {
     runIndex: () => `{${prefix}:runs}:index`,
     runInfo: () => `{${prefix}:runs}:info`,
     progress: (runId) => runKey(runId, RunKeyKind.Progress),
+    inbox: (runId) => runKey(runId, RunKeyKind.Inbox),
     requestKey: (tenantId, requestKey) => {
       assertTenantId(tenantId);
       if (typeof requestKey !== 'string' || requestKey.length === 0 || requestKey.length > 512) {

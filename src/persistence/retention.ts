@@ -271,6 +271,7 @@ export function createRetentionStore(options: RetentionStoreOptions): RetentionS
       keys.started(runId),
       keys.progress(runId),
       keys.replays(runId),
+      keys.inbox(runId),
     ];
     const tenant = [
       keys.runUsage(info.tenantId, runId),

@@ -30,7 +30,7 @@ export const effectClassSchema = z.enum(['read_only', 'local', 'memory', 'extern
 /** A step's risk level. */
 export const riskLevelSchema = z.enum(['low', 'medium', 'high', 'critical']);
 /** The kinds of step. */
-export const stepKindSchema = z.enum(['operator', 'agent', 'policy_check', 'human_gate']);
+export const stepKindSchema = z.enum(['operator', 'agent', 'policy_check', 'human_gate', 'wait']);
 
 /**
  * How a step's output is cached, tenant-wide, under the step's code identity, input and
@@ -251,12 +251,65 @@ export const humanGateStepSchema = z
   .object({ kind: z.literal('human_gate'), ...commonStepShape })
   .strict();
 
+/** A signal's name: the same characters as a step id (it goes into Redis hash fields). */
+export const signalNameSchema = z.string().regex(STEP_ID_PATTERN, {
+  error: (issue) =>
+    `signal name ${JSON.stringify(issue.input)} is not allowed: use 1 to 128 letters, digits, "_", "." or "-", starting with a letter or digit`,
+});
+
+const FOR_FIX =
+  'give exactly one of { signal: "<name>" }, { durationMs: <ms> } or { until: "<ISO time, e.g. 2026-12-01T09:00:00Z>" }';
+
+/**
+ * What a wait step waits for: the next signal of a name, a duration from when the step starts
+ * waiting, or a point in time (ISO 8601 with a zone, e.g. `2026-12-01T09:00:00Z`).
+ */
+export const waitForSchema = z
+  .object(
+    {
+      signal: signalNameSchema.optional(),
+      durationMs: positiveInt().optional(),
+      until: z
+        .string()
+        .refine(
+          (t) =>
+            /^\d{4}-\d{2}-\d{2}T.*(Z|[+-]\d{2}:\d{2})$/.test(t) && !Number.isNaN(Date.parse(t)),
+          {
+            error: (issue) =>
+              `until ${JSON.stringify(issue.input)} is not a time: write an ISO 8601 time with its zone, e.g. "2026-12-01T09:00:00Z"`,
+          },
+        )
+        .optional(),
+    },
+    { error: () => `must be an object: ${FOR_FIX}` },
+  )
+  .strict()
+  .superRefine((f, ctx) => {
+    const given = [f.signal, f.durationMs, f.until].filter((v) => v !== undefined).length;
+    if (given !== 1) ctx.addIssue({ code: 'custom', message: FOR_FIX });
+  });
+/** What a wait step waits for (see {@link waitForSchema}). */
+export type WaitFor = z.output<typeof waitForSchema>;
+
+/**
+ * A step that waits: for a signal sent to the run (its output is the signal's payload), or for a
+ * time (its output is `{ firedAt }`). `timeoutMs` bounds a signal wait (`wait_timeout`, final).
+ */
+export const waitStepSchema = z
+  .object({
+    kind: z.literal('wait'),
+    ...commonStepShape,
+    for: waitForSchema,
+  })
+  .strict();
+
 /** One step as written (its `retry` not yet resolved; {@link planSchema} resolves it). */
 export const stepSchema = z.discriminatedUnion('kind', [
   operatorStepSchema,
   agentStepSchema,
   policyCheckStepSchema,
   humanGateStepSchema,
+  waitStepSchema,
 ]);
 
 /** The step schema of each kind. */
@@ -265,6 +318,7 @@ export const stepSchemasByKind = {
   agent: agentStepSchema,
   policy_check: policyCheckStepSchema,
   human_gate: humanGateStepSchema,
+  wait: waitStepSchema,
 } as const;
 
 /** Plan-wide defaults. */
@@ -309,8 +363,13 @@ export interface HumanGateStep extends Omit<z.output<typeof humanGateStepSchema>
   /** Resolved: step over plan defaults over built-ins. */
   retry: RetryPolicy;
 }
+/** A parsed wait step. */
+export interface WaitStep extends Omit<z.output<typeof waitStepSchema>, 'retry'> {
+  /** Resolved: step over plan defaults over built-ins. */
+  retry: RetryPolicy;
+}
 /** A parsed step of any kind. */
-export type PlanStep = OperatorStep | AgentStep | PolicyCheckStep | HumanGateStep;
+export type PlanStep = OperatorStep | AgentStep | PolicyCheckStep | HumanGateStep | WaitStep;
 /** The kind of a step. */
 export type StepKind = z.output<typeof stepKindSchema>;
 /** A parsed, validated plan. Each step's `retry` is resolved, so consumers never merge again. */
@@ -465,6 +524,17 @@ export function checkPlanSemantics(plan: unknown): PlanSemanticIssue[] {
     issues.push({
       path: ['steps', i, 'idempotency', 'keyInputs'],
       message: `only operator steps take key inputs (they key the tool calls of ctx.tools across runs); remove idempotency.keyInputs from this ${String(step.kind)} step`,
+    });
+  });
+
+  // A wait's time is its own: timeoutMs bounds a signal wait only.
+  steps.forEach((step: unknown, i) => {
+    if (!isRecord(step) || step.kind !== 'wait' || step.timeoutMs === undefined) return;
+    if (isRecord(step.for) && step.for.signal !== undefined) return;
+    issues.push({
+      path: ['steps', i, 'timeoutMs'],
+      message:
+        'timeoutMs bounds a wait for a signal only; a timer waits exactly its for.durationMs or for.until: remove timeoutMs',
     });
   });
 

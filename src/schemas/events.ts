@@ -142,6 +142,41 @@ export const turnCommittedSchema = z
   })
   .strict();
 
+/**
+ * Attempt `attempt` of wait step `stepId` started waiting (READY → WAITING): for the next signal
+ * named `signal` (until `dueAt` when the step has a `timeoutMs`), or for the time `dueAt` (a
+ * timer). `dueAt` is computed once, here, so that a restart never moves it.
+ */
+export const waitStartedSchema = z
+  .object({
+    type: z.literal('wait.started'),
+    stepId,
+    attempt,
+    signal: z.string().min(1).optional(),
+    dueAt: at.optional(),
+    at,
+  })
+  .strict();
+
+/**
+ * Wait step `stepId` takes the signal `name` number `index` (0-based, in send order among the
+ * signals of that name): the run's cursor for `name` moves past it. Accepted only when `index` is
+ * the cursor, so a signal is taken once; committed with the step's `step.succeeded`.
+ */
+export const signalTakenSchema = z
+  .object({
+    type: z.literal('signal.taken'),
+    stepId,
+    attempt,
+    name: z.string().min(1),
+    index: z.number().int().nonnegative(),
+    /** The signal's place in the run's inbox, all names together (1-based). */
+    seq: z.number().int().positive(),
+    id: z.string().min(1).optional(),
+    at,
+  })
+  .strict();
+
 /** Cancellation of the whole run was requested. */
 export const runCancelledSchema = z
   .object({
@@ -185,6 +220,8 @@ export const runEventSchema = z.discriminatedUnion('type', [
   gateRejectedSchema,
   retryDueSchema,
   turnCommittedSchema,
+  waitStartedSchema,
+  signalTakenSchema,
   runCancelledSchema,
   runStoppedSchema,
   runResumedSchema,
@@ -207,6 +244,10 @@ export type GateRejectedEvent = z.infer<typeof gateRejectedSchema>;
 export type RetryDueEvent = z.infer<typeof retryDueSchema>;
 /** A turn of a granular agent step is committed (`turn.committed`). */
 export type TurnCommittedEvent = z.infer<typeof turnCommittedSchema>;
+/** A wait step started waiting (`wait.started`). */
+export type WaitStartedEvent = z.infer<typeof waitStartedSchema>;
+/** A wait step took a signal (`signal.taken`). */
+export type SignalTakenEvent = z.infer<typeof signalTakenSchema>;
 /** Cancellation of the whole run was requested (`run.cancelled`). */
 export type RunCancelledEvent = z.infer<typeof runCancelledSchema>;
 export type RunStoppedEvent = z.infer<typeof runStoppedSchema>;

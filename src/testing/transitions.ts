@@ -109,6 +109,8 @@ function plannedText(a: PlannedAction): string {
       return `ask approval ${a.stepId}`;
     case 'step.abort':
       return `abort ${a.stepId}#${a.attempt}`;
+    case 'step.wait':
+      return `wait ${a.stepId}#${a.attempt}${a.dueAt === null ? '' : ` until ${a.dueAt}`}`;
   }
 }
 

@@ -4,7 +4,8 @@
  * (`flujo approve|reject`), skip (`flujo skip`), cancel (`flujo cancel`), resume a failed run and
  * retry a step that failed finally (`flujo resume`, whose `runtime.resume` reopens every step that
  * failed finally: the kernel has no event that reopens one step alone), queue a stalled run's due
- * work again (what a worker does when it starts), and send the run's input again as a new run.
+ * work again (what a worker does when it starts), send the run's input again as a new run, and
+ * send a signal to a run (`flujo signal`).
  */
 import { isFlujoError } from '../errors.js';
 import {
@@ -16,7 +17,7 @@ import {
 import { runtimeCore, type DecisionInput, type Runtime } from '../runtime.js';
 
 /** The actions of a run: `<runId>/<action>`. */
-export const RUN_ACTIONS = ['resume', 'cancel', 'again'] as const;
+export const RUN_ACTIONS = ['resume', 'cancel', 'again', 'signal'] as const;
 /** The actions of a step: `<runId>/steps/<stepId>/<action>`. */
 export const STEP_ACTIONS = ['approve', 'reject', 'skip', 'retry'] as const;
 export type RunAction = (typeof RUN_ACTIONS)[number];
@@ -60,6 +61,8 @@ export const DONE = {
   cancel: 'Cancelled the run.',
   again:
     'Started: a new run of the same plan with the same input (a worker of its job module runs it).',
+  signal: 'Sent the signal: a worker of its job module wakes the step that waits for it.',
+  signalAgain: 'That signal id was sent before with this payload: nothing more was delivered.',
 } as const;
 
 /** The HTTP status of a refusal the runtime throws; undefined for an error that is no refusal. */
@@ -70,6 +73,8 @@ const REFUSALS: Record<string, number> = {
   run_not_resumable: 409,
   input_invalid: 400,
   plan_invalid: 400,
+  run_ended: 409,
+  signal_id_conflict: 409,
 };
 
 /** The error as a refusal shown on the run's page, when it is one. */
@@ -88,6 +93,7 @@ const VERB: Record<RunAction | StepAction, string> = {
   resume: 'resume',
   cancel: 'cancel',
   again: 'send again',
+  signal: 'send the signal',
 };
 
 /** The form's `by`, trimmed; refused when empty. */
@@ -102,13 +108,47 @@ function whoDecides(form: URLSearchParams, action: RunAction | StepAction): stri
   return by;
 }
 
+/**
+ * Sends the form's signal (`name`, `payload` as JSON, empty: null; `id`, empty: none) through
+ * `runtime.signal`, which checks it as `flujo signal` does; `declare` first declares the run's
+ * signals (the job module's, when the view knows it).
+ */
+async function sendSignal(
+  runtime: Runtime,
+  runId: string,
+  form: URLSearchParams,
+  declare: ((runId: string) => Promise<void>) | undefined,
+): Promise<ActionResult> {
+  const name = form.get('name')?.trim() ?? '';
+  const text = form.get('payload')?.trim() ?? '';
+  const id = form.get('id')?.trim() ?? '';
+  let payload: unknown = null;
+  if (text !== '') {
+    try {
+      payload = JSON.parse(text);
+    } catch (error) {
+      const why = (error as Error).message.split('\n')[0] ?? 'invalid JSON';
+      throw new ActionRefused(
+        400,
+        `The payload is not JSON (${why}); write JSON, e.g. {"ok":true}.`,
+      );
+    }
+  }
+  await declare?.(runId);
+  const receipt = await runtime.signal(runId, name, payload, id === '' ? {} : { id });
+  return { runId, done: receipt.duplicate ? 'signalAgain' : 'signal' };
+}
+
 /** Performs a run's action; throws {@link ActionRefused} (or the runtime's error) when refused. */
 export async function runAction(
   runtime: Runtime,
   runId: string,
   action: RunAction,
   form: URLSearchParams,
+  declareSignals?: (runId: string) => Promise<void>,
 ): Promise<ActionResult> {
+  // A signal is no decision: it names no one.
+  if (action === 'signal') return sendSignal(runtime, runId, form, declareSignals);
   const by = whoDecides(form, action);
   if (action === 'resume') {
     const report = await runtime.status(runId);

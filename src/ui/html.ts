@@ -7,7 +7,13 @@ import { RunStatus } from '../machines/types.js';
 import type { RunTrace, TraceAttempt, TraceStep } from '../observability/run-trace.js';
 import { TIMELINE_CSS } from '../observability/trace-html.js';
 import type { LedgerEntry } from '../persistence/ledger.js';
-import type { PendingApproval, RunReport, RunUsage, StepProgress } from '../runtime.js';
+import type {
+  PendingApproval,
+  PendingWait,
+  RunReport,
+  RunUsage,
+  StepProgress,
+} from '../runtime.js';
 import type { JsonValue } from '../internal/json.js';
 import type { StoredRunEvent } from '../persistence/snapshot-store.js';
 import { countModelCalls, reconciliationText } from '../persistence/reservation-words.js';
@@ -99,7 +105,7 @@ table.grid tbody tr:hover { background: #f7f8fa; }
 .badge[data-status=failed], .badge[data-status=FAILED_FINAL] { --c: var(--fail); }
 .badge[data-status=FAILED_RETRYABLE] { --c: #e07b26; }
 .badge[data-status=running], .badge[data-status=RUNNING], .badge[data-status=READY] { --c: var(--run); }
-.badge[data-status=waiting], .badge[data-status=WAITING_APPROVAL] { --c: var(--wait); }
+.badge[data-status=waiting], .badge[data-status=WAITING_APPROVAL], .badge[data-status=WAITING] { --c: var(--wait); }
 .badge[data-status=SKIPPED] { --c: var(--skip); }
 .badge[data-status=cancelled], .badge[data-status=CANCELLED] { --c: var(--cancel); }
 .badge[data-status=PENDING] { --c: #b0b5bd; }
@@ -223,7 +229,7 @@ export function listTableHtml(runs: readonly RunListEntry[]): string {
   const rows = runs.map((r) => {
     const step =
       r.waitingStep !== null
-        ? `${h(r.waitingStep)} <span class="small">(waits for approval)</span>`
+        ? `${h(r.waitingStep)} <span class="small">(waits for ${h(r.waitsFor ?? 'approval')})</span>`
         : h(r.currentStep ?? '');
     return `<tr data-run="${h(r.runId)}"><td class="mono"><a href="${h(runHref(r.runId))}">${h(r.runId)}</a></td><td>${h(r.planName)}</td><td>${h(r.tenantId)}</td><td class="status">${badge(r.status)}</td><td>${time(r.createdAt)}</td><td>${duration(r.durationMs)}</td><td>${step}</td></tr>`;
   });
@@ -351,9 +357,29 @@ function approvalHtml(runId: string, a: PendingApproval): string {
 </div>`;
 }
 
+/** A wait step that waits: for a signal (with a form that sends one), or for its timer. */
+function waitHtml(runId: string, w: PendingWait): string {
+  if (w.signal === null) {
+    return `<div class="approval" data-wait="${h(w.stepId)}"><b>${h(w.stepId)}</b> waits for a timer: it fires at ${time(w.dueAt)}</div>`;
+  }
+  const timeout = w.dueAt === null ? '' : `; it times out at ${time(w.dueAt)}`;
+  return `<div class="approval" data-wait="${h(w.stepId)}">
+<div><b>${h(w.stepId)}</b> waits for signal <span class="mono">${h(w.signal)}</span> (${w.queued} queued${timeout})</div>
+<form method="post" action="${h(urlPath('runs', runId, 'signal'))}">
+<input type="hidden" name="name" value="${h(w.signal)}">
+<label>payload (JSON) <textarea name="payload" rows="2" cols="50" placeholder="null"></textarea></label>
+<label>id <input name="id" placeholder="optional: a send again is a no-op"></label>
+<button type="submit" class="approve">Send signal</button>
+</form>
+</div>`;
+}
+
 function approvalsHtml({ report }: RunView): string {
-  if (report.approvals.length === 0) return '<p class="empty">Nothing waits for a person.</p>';
-  return report.approvals.map((a) => approvalHtml(report.runId, a)).join('\n');
+  const waits = (report.waits ?? []).map((w) => waitHtml(report.runId, w));
+  if (report.approvals.length === 0 && waits.length === 0) {
+    return '<p class="empty">Nothing waits for a person, a signal or a time.</p>';
+  }
+  return [...report.approvals.map((a) => approvalHtml(report.runId, a)), ...waits].join('\n');
 }
 
 function attemptHtml(

@@ -49,6 +49,12 @@ export interface UiOptions {
   host?: string;
   /** How many runs the list shows at most (1 to 1000). @defaultValue 100 */
   listLimit?: number;
+  /**
+   * Called before a signal from a run's page is sent, e.g. to declare the signals of the run's
+   * job module (`runtime.signals`), so that its payload is checked against them (`flujo ui`
+   * does). @defaultValue none: the signals the runtime was given
+   */
+  declareSignals?: (runId: string) => Promise<void>;
 }
 
 /** A running web view. */
@@ -449,7 +455,9 @@ export async function startUi(runtime: Runtime, options: UiOptions = {}): Promis
       return send(res, 200, renderTraceHtml(await runtime.trace(runId)));
     }
     if (method === 'POST' && rest.length === 1 && RUN_ACTIONS.includes(rest[0] as RunAction)) {
-      return act(runId, req, res, (form) => runAction(runtime, runId, rest[0] as RunAction, form));
+      return act(runId, req, res, (form) =>
+        runAction(runtime, runId, rest[0] as RunAction, form, options.declareSignals),
+      );
     }
     if (
       method === 'POST' &&

@@ -1,6 +1,6 @@
 import { InputValidationError, type ValidationIssue as Issue } from '../errors.js';
 import { summarize } from '../actors/run-host.js';
-import { runStatus, runSteps, type RunSnapshot } from '../machines/kernel.js';
+import { runStatus, runSteps, type RunSnapshot, type StepState } from '../machines/kernel.js';
 import { RunStatus } from '../machines/types.js';
 import type { RunIndexEntry } from '../persistence/run-index.js';
 import type { RuntimeCore } from '../actors/core.js';
@@ -21,6 +21,20 @@ export interface RunListFilter {
   limit?: number;
 }
 
+/** The step that waits (for a person first, else for a signal or a time) and what for. */
+function waitingOf(steps: readonly StepState[]): Pick<RunListEntry, 'waitingStep' | 'waitsFor'> {
+  const gate = steps.find((s) => s.status === 'WAITING_APPROVAL');
+  if (gate !== undefined) return { waitingStep: gate.stepId, waitsFor: 'approval' };
+  const wait = steps.find((s) => s.status === 'WAITING');
+  if (wait === undefined) return { waitingStep: null, waitsFor: null };
+  const w = wait.wait ?? null;
+  const what =
+    w?.signal != null
+      ? `signal "${w.signal}"`
+      : `timer until ${w?.dueAt == null ? '?' : new Date(w.dueAt).toISOString()}`;
+  return { waitingStep: wait.stepId, waitsFor: what };
+}
+
 /** One run of the list. */
 export interface RunListEntry {
   runId: string;
@@ -32,8 +46,13 @@ export interface RunListEntry {
   endedAt: number | null;
   /** From its start to its end, or to now while it has not ended. */
   durationMs: number;
-  /** The step that waits for a person, if one does. */
+  /** The step that waits for a person, or else for a signal or a time, if one does. */
   waitingStep: string | null;
+  /**
+   * What that step waits for: `approval`, `signal "<name>"`, or `timer until <ISO time>`; null
+   * when no step waits. Absent in entries of runs that ended.
+   */
+  waitsFor?: string | null;
   /** While the run works: the first step that is running or due. */
   currentStep: string | null;
   /** A failed run: the first step (plan order) that failed finally, if one did. */
@@ -200,7 +219,7 @@ async function current(
     status,
     endedAt,
     durationMs: (endedAt ?? now) - (e.createdAt || env.snapshot.context.createdAt),
-    waitingStep: steps.find((s) => s.status === 'WAITING_APPROVAL')?.stepId ?? null,
+    ...waitingOf(steps),
     currentStep: ended
       ? null
       : (steps.find(

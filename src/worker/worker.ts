@@ -4,6 +4,7 @@ import { DelayedError, Worker, type Job } from 'bullmq';
 import type { Redis } from 'ioredis';
 import { runStepUnit } from '../actors/step.js';
 import { runTurnUnit } from '../actors/turn.js';
+import { runWakeUnit } from '../actors/wait.js';
 import {
   abortUnit,
   createUnitHost,
@@ -158,6 +159,13 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
           return await runRetryDue(host, job.data);
         case JobName.deadline:
           return await runDeadline(host, job.data.runId);
+        case JobName.wake: {
+          const woke = await runWakeUnit(host, job.data);
+          if (typeof woke === 'string') return woke;
+          // A timer woken before its time (clocks apart): back to the queue until then.
+          await job.moveToDelayed(core.clock() + woke.retryAfterMs, token);
+          throw new DelayedError();
+        }
         case JobName.start:
           return await processStartJob(core, job);
         default:

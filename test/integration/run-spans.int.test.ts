@@ -1,9 +1,9 @@
 /**
  * The spans recorded after the fact, against an SDK that takes the run's chosen ids
  * (`runSpanIdGenerator`) and keeps its spans in memory: the run's span from its start to its end
- * (its steps its children), a span per wait (the retry's backoff, the gate, a risky tool call),
- * each recorded once, by the commit that ended it; a redelivered final event records nothing, and
- * a failed run that is resumed and ends again keeps its one run span.
+ * (its steps its children), a span per wait (the retry's backoff, the gate, a risky tool call, a
+ * wait step), each recorded once, by the commit that ended it; a redelivered final event records
+ * nothing, and a failed run that is resumed and ends again keeps its one run span.
  */
 import { trace } from '@opentelemetry/api';
 import {
@@ -213,5 +213,40 @@ describe('spans recorded after the fact', () => {
     expect((await run.settled({ timeoutMs: 15_000 })).status).toBe('succeeded');
     const after = (await spansOf(run.runId)).filter((s) => s.name === 'flujo.run');
     expect(after).toEqual(before);
+  });
+
+  it('a wait step: a span from when it started waiting to the signal it took, or to its timer', async () => {
+    const run = await runtime.start(
+      {
+        name: 'waits',
+        steps: [
+          { id: 'approval', kind: 'wait', for: { signal: 'go' } },
+          { id: 'cool-off', kind: 'wait', for: { durationMs: 200 }, dependsOn: ['approval'] },
+        ],
+      },
+      null,
+    );
+    let waiting = await run.status();
+    for (let i = 0; i < 100 && waiting.waits.length === 0; i++) {
+      await sleep(20);
+      waiting = await run.status();
+    }
+    const since = waiting.waits[0]!.since;
+    await sleep(100);
+    await runtime.signal(run.runId, 'go', { ok: true });
+    for (let i = 0; i < 200 && (await run.status()).status !== 'succeeded'; i++) await sleep(20);
+    const spans = await spansOf(run.runId);
+    const signal = spans.filter((s) => s.name === 'flujo.wait.signal');
+    expect(signal).toHaveLength(1);
+    expect(signal[0]!.attributes).toMatchObject({
+      'flujo.step_id': 'approval',
+      'flujo.wait.signal': 'go',
+      'flujo.wait.outcome': 'taken',
+    });
+    expect(ms(signal[0]!.startTime)).toBeCloseTo(since, -1);
+    expect(ms(signal[0]!.endTime) - since).toBeGreaterThanOrEqual(100);
+    const timer = spans.filter((s) => s.name === 'flujo.wait.timer');
+    expect(timer).toHaveLength(1);
+    expect(ms(timer[0]!.endTime) - ms(timer[0]!.startTime)).toBeGreaterThanOrEqual(200);
   });
 });

@@ -3,7 +3,7 @@ import { describePlanDifferences, diffPlans } from '../../plan/diff.js';
 import type { Plan } from '../../plan/schema.js';
 import { preloadTokenizers } from '../../llm/tokens.js';
 import { runExists } from '../../persistence/run-lookups.js';
-import type { Runtime, RunReport } from '../../runtime.js';
+import type { Runtime, RunReport, StartSignal } from '../../runtime.js';
 import { checkRunId, connect, recordRunModule, type Connection } from '../connect.js';
 import {
   parseConcurrency,
@@ -73,7 +73,28 @@ function warnIfPlanChanged(runId: string, stored: Plan, job: JobModule): void {
   );
 }
 
-/** `flujo run <job-module> [--input JSON] [--run-id ID] [--request-key K] [--concurrency N] [--json]` */
+/**
+ * `--signal NAME [--data JSON] [--id ID]` of `flujo run`: the signal the run of the request key
+ * takes (start or signal). Needs `--request-key`.
+ */
+function startSignalOf(v: Ctx['values'], requestKey: string | undefined): StartSignal | undefined {
+  const name = v.signal;
+  if (name === undefined) {
+    if (v.data !== undefined || v.id !== undefined) {
+      badInput('--data and --id go with --signal NAME (start or signal); see `flujo --help`');
+    }
+    return undefined;
+  }
+  if (requestKey === undefined) {
+    badInput(
+      '--signal needs --request-key: the run of that key (started now, or found) takes the signal',
+    );
+  }
+  const payload = v.data === undefined ? null : parseJsonOption(v.data, '--data', '{"ok":true}');
+  return { name, payload, ...(v.id === undefined ? {} : { id: v.id }) };
+}
+
+/** `flujo run <job-module> [--input JSON] [--run-id ID] [--request-key K [--signal NAME [--data JSON] [--id ID]]] [--concurrency N] [--json]` */
 export async function cmdRun(ctx: Ctx): Promise<number> {
   const v = ctx.values;
   if (ctx.args.length > 1) badInput(`unexpected argument "${ctx.args[1]}"; see \`flujo --help\``);
@@ -88,6 +109,7 @@ export async function cmdRun(ctx: Ctx): Promise<number> {
   if (requestKey !== undefined && (requestKey === '' || requestKey.length > 512)) {
     badInput('--request-key must be 1 to 512 characters; pass e.g. --request-key order-1234');
   }
+  const signal = startSignalOf(v, requestKey);
   const job = await loadJobModule(ctx.args[0], ctx.cwd);
   const json = v.json === true;
 
@@ -104,6 +126,7 @@ export async function cmdRun(ctx: Ctx): Promise<number> {
       const handle = await runtime.start(job.plan, input ?? job.input ?? null, {
         ...(runId === undefined ? {} : { runId }),
         ...(requestKey === undefined ? {} : { requestKey }),
+        ...(signal === undefined ? {} : { signal }),
       });
       if (handle.created) await recordRunModule(conn, handle.runId, job.file);
       const flags = repeatFlags(v);
@@ -116,6 +139,7 @@ export async function cmdRun(ctx: Ctx): Promise<number> {
             type: 'run',
             runId: handle.runId,
             created: handle.created,
+            ...(handle.signal === undefined ? {} : { signal: handle.signal }),
             resume,
             ...(note === undefined ? {} : { note }),
           }),
@@ -125,6 +149,11 @@ export async function cmdRun(ctx: Ctx): Promise<number> {
           ? `plan "${job.plan.name}"`
           : `existing run of request key "${requestKey}"`;
         console.log(`run ${handle.runId} (${how})`);
+        if (handle.signal !== undefined) {
+          console.log(
+            `signal "${handle.signal.name}" #${handle.signal.index + 1} of its name sent to it${handle.signal.duplicate ? ' (sent before with this id)' : ''}`,
+          );
+        }
         console.log(`resume: ${resume}`);
         if (note !== undefined) console.log(`note: ${note}`);
       }

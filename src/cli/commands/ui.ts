@@ -4,6 +4,7 @@ import { startUi, type UiServer } from '../../ui/server.js';
 import { connect } from '../connect.js';
 import type { Ctx } from '../context.js';
 import { ExitCode, badInput } from '../exit-codes.js';
+import { declareRunSignals } from './signal.js';
 
 /** The port of the web view when `--port` is left out. */
 export const DEFAULT_UI_PORT = 7400;
@@ -19,9 +20,18 @@ export function parsePort(text: string | undefined): number {
 }
 
 /** Starts the web view on `host:port`; an address it cannot listen on is bad input naming the fix. */
-export async function listenUi(runtime: Runtime, port: number, host: string): Promise<UiServer> {
+export async function listenUi(
+  runtime: Runtime,
+  port: number,
+  host: string,
+  declareSignals?: (runId: string) => Promise<void>,
+): Promise<UiServer> {
   try {
-    return await startUi(runtime, { port, host });
+    return await startUi(runtime, {
+      port,
+      host,
+      ...(declareSignals === undefined ? {} : { declareSignals }),
+    });
   } catch (error) {
     const code = (error as NodeJS.ErrnoException).code;
     if (code === 'EADDRINUSE') {
@@ -46,7 +56,10 @@ export async function cmdUi(ctx: Ctx): Promise<number> {
   // Long-lived: it keeps reconnecting through a Redis restart.
   const conn = await connect({ ...ctx.values, cwd: ctx.cwd, env: ctx.env, long: true });
   try {
-    const ui = await listenUi(conn.runtime(), port, host);
+    // A signal sent from a run's page is checked against the signals of the run's job module.
+    const ui = await listenUi(conn.runtime(), port, host, (runId) =>
+      declareRunSignals(conn, runId, ctx.cwd),
+    );
     console.log(`flujo ui: ${ui.url} (Ctrl-C stops it)`);
     await new Promise<void>((resolve) => {
       const stop = () => {
