@@ -8,7 +8,8 @@ import { defineConfig } from 'vitest/config';
  * project near four minutes on two cores: the files about one server (a server stopped or
  * restarted, write coalescing, MONITOR), the CLI, examples and web view files, and slow files
  * that place no keys of their own (usage-conservation, atomic-journal, step-timeout,
- * timeout-crash, tracing-crash).
+ * timeout-crash, tracing-crash). The runs that ended lately (ended-runs) are checked on a cluster
+ * by cluster-runtime, whose cluster the file's key copies need no care for.
  */
 const CLUSTER_SUITES = [
   'driver',
@@ -56,7 +57,6 @@ const CLUSTER_SUITES = [
   'unit',
   'usage-ahead',
   'worker-sweep',
-  'ended-runs',
   'signals',
 ];
 

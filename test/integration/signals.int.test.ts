@@ -19,7 +19,7 @@ import type { PlanInput } from '../../src/plan/schema.js';
 import { createRuntime, runtimeCore, type Runtime } from '../../src/runtime.js';
 import { timerJobId } from '../../src/actors/jobs.js';
 import type { FlujoWorker } from '../../src/worker/worker.js';
-import { connect, deletePrefix, redisUrl, testPrefix } from '../helpers/redis.js';
+import { connect, deletePrefix, redisUrl, scanKeys, testPrefix } from '../helpers/redis.js';
 
 interface Call {
   runId: string;
@@ -103,18 +103,14 @@ const waitPlan = (
 /** Every key of the run with its whole content (streams included). */
 async function runKeys(runId: string): Promise<Record<string, unknown>> {
   const out: Record<string, unknown> = {};
-  let cursor = '0';
-  do {
-    const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}:{${runId}}*`, 'COUNT', 500);
-    cursor = next;
-    for (const key of keys) {
-      const type = await redis.type(key);
-      if (type === 'hash') out[key] = await redis.hgetall(key);
-      else if (type === 'stream') out[key] = await redis.xrange(key, '-', '+');
-      else if (type === 'list') out[key] = await redis.lrange(key, 0, -1);
-      else out[key] = await redis.get(key);
-    }
-  } while (cursor !== '0');
+  // Every master of a cluster is scanned (a run's keys are on the one that holds its slot).
+  for (const key of (await scanKeys(redis, `${prefix}:{${runId}}*`)).sort()) {
+    const type = await redis.type(key);
+    if (type === 'hash') out[key] = await redis.hgetall(key);
+    else if (type === 'stream') out[key] = await redis.xrange(key, '-', '+');
+    else if (type === 'list') out[key] = await redis.lrange(key, 0, -1);
+    else out[key] = await redis.get(key);
+  }
   return out;
 }
 
