@@ -19,6 +19,11 @@
  *   npm run bench:steps
  *   BENCH_REPS=5 BENCH_RUNS=200 npm run bench:steps
  *   BENCH_ONLY=growth BENCH_GROWTH_RUNS=3 npm run bench:steps
+ *   BENCH_ONLY=width npm run bench:steps
+ *
+ * Then width: fan-out runs (a root, independent leaves, a join) of 100 and 1,000 steps, one at a
+ * time, as `fan-out 1000 vs 100 per-step cost ratio: <x>` (1.0: a step costs the same however many
+ * of its run's steps are ready at once).
  *
  * First, the latency a caller of `settled()` sees on 10-step runs at concurrency 1, beside the
  * engine's own time for the same runs, as `settled vs engine latency ratio: <x>`.
@@ -428,6 +433,76 @@ async function growth(): Promise<void> {
   }
 }
 
+/** A fan-out plan: a root, `leaves` independent steps after it, and a join after them all. */
+function fanOut(leaves: number): PlanInput {
+  return {
+    name: `bench-fan-${leaves}`,
+    steps: [
+      { id: 'root', kind: 'operator', operator: 'noop' },
+      ...Array.from({ length: leaves }, (_, i) => ({
+        id: `l${i}`,
+        kind: 'operator' as const,
+        operator: 'noop',
+        dependsOn: ['root'],
+      })),
+      {
+        id: 'join',
+        kind: 'operator',
+        operator: 'noop',
+        dependsOn: Array.from({ length: leaves }, (_, i) => `l${i}`),
+      },
+    ],
+  };
+}
+
+/** ms per step of one fan-out run of `steps` steps through start() and settled(), worker concurrency 8. */
+async function fanOutRun(url: string, steps: number): Promise<number> {
+  const runtime = createRuntime({ redis: url, prefix: `bw${randomUUID().slice(0, 6)}` }).operator(
+    'noop',
+    () => null,
+  );
+  const worker = runtime.createWorker({ concurrency: 8 });
+  await worker.ready();
+  try {
+    const started = performance.now();
+    const report = await (
+      await runtime.start(fanOut(steps - 2), null)
+    ).settled({
+      timeoutMs: 600_000,
+    });
+    if (report.status !== 'succeeded') throw new Error(`fan-out run ${report.status}`);
+    return (performance.now() - started) / steps;
+  } finally {
+    await worker.close();
+    await runtime.close();
+  }
+}
+
+/** Width: a fan-out of 1,000 steps against one of 100, per step, one run at a time. */
+async function width(): Promise<void> {
+  const server = await startRedisServer(['--appendonly', 'yes', '--appendfsync', 'everysec']);
+  try {
+    await fanOutRun(server.url, 100); // warm-up
+    const rows: Record<'w100' | 'w1000', number[]> = { w100: [], w1000: [] };
+    for (let rep = 0; rep < REPS; rep++) {
+      rows.w100.push(await fanOutRun(server.url, 100));
+      rows.w1000.push(await fanOutRun(server.url, 1000));
+    }
+    console.log(
+      `\nWidth: fan-out runs (root, leaves, join) of no-op steps, one at a time, worker concurrency 8, AOF everysec (median of ${REPS}, min–max)`,
+    );
+    console.log(`  100 steps     ${median(rows.w100).toFixed(3)} ms/step  (${spread(rows.w100)})`);
+    console.log(
+      `  1,000 steps   ${median(rows.w1000).toFixed(3)} ms/step  (${spread(rows.w1000)})`,
+    );
+    console.log(
+      `fan-out 1000 vs 100 per-step cost ratio: ${(median(rows.w1000) / median(rows.w100)).toFixed(2)}`,
+    );
+  } finally {
+    await server.stop();
+  }
+}
+
 console.log(
   `${STEPS}-step runs of no-op operators; ${SEQ_RUNS} runs one at a time, ${PAR_RUNS} at once`,
 );
@@ -446,12 +521,16 @@ console.log(
   }
 }
 
-// BENCH_ONLY=growth runs the growth figures alone; BENCH_SETTLED_ONLY=1 only the settled() latency above.
+// BENCH_ONLY=growth (or width) runs those figures alone; BENCH_SETTLED_ONLY=1 only the settled()
+// latency above.
 if (process.env['BENCH_ONLY'] === 'growth') {
   await growth();
+} else if (process.env['BENCH_ONLY'] === 'width') {
+  await width();
 } else if (process.env['BENCH_SETTLED_ONLY'] !== '1') {
   await measure('always');
   const everysec = await measure('everysec');
   await growth();
+  await width();
   console.log(`\nsteps/s at concurrency 32: ${everysec.toFixed(0)}`);
 }
