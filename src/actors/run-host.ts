@@ -196,6 +196,8 @@ export interface RunHostOptions {
  */
 interface OpenEntry {
   version: number;
+  /** The `updatedAt` of the commit that wrote `version` (with it, tells this state apart). */
+  updatedAt: number;
   run: OpenRun;
   carrier: string | undefined;
   /** Succeeded steps whose outputs the open run lacks (opened from a snapshot loaded without). */
@@ -205,6 +207,7 @@ interface OpenEntry {
 /** A run's state as this host last committed it (or opened it at), kept while its run is taken. */
 interface HeldState {
   version: number;
+  updatedAt: number;
   snapshot: RunSnapshot;
   carrier: string | undefined;
   outputsMissing: ReadonlySet<string>;
@@ -226,28 +229,35 @@ class OpenRuns {
   last(runId: string): HeldState | undefined {
     return this.#last.get(runId);
   }
-  take(runId: string, version: number): OpenEntry | undefined {
+  take(runId: string, version: number, updatedAt: number): OpenEntry | undefined {
     const entry = this.#runs.get(runId);
     if (entry === undefined) return undefined;
     this.#runs.delete(runId);
-    if (entry.version === version) return entry;
+    if (entry.version === version && entry.updatedAt === updatedAt) return entry;
     entry.run.close();
     return undefined;
   }
+  /** Forgets what is held of the run (its stored state was not what this host held). */
+  forget(runId: string): void {
+    this.#runs.get(runId)?.run.close();
+    this.#runs.delete(runId);
+    this.#last.delete(runId);
+  }
   put(
     runId: string,
-    version: number,
+    stamp: { version: number; updatedAt: number },
     run: OpenRun,
     carrier: string | undefined,
     outputsMissing: ReadonlySet<string>,
   ): void {
+    const { version, updatedAt } = stamp;
     if (this.#max <= 0 || run.snapshot.status !== 'active') {
       this.#last.delete(runId);
       return run.close();
     }
-    this.#runs.set(runId, { version, run, carrier, outputsMissing });
+    this.#runs.set(runId, { version, updatedAt, run, carrier, outputsMissing });
     this.#last.delete(runId);
-    this.#last.set(runId, { version, snapshot: run.snapshot, carrier, outputsMissing });
+    this.#last.set(runId, { version, updatedAt, snapshot: run.snapshot, carrier, outputsMissing });
     if (this.#runs.size > this.#max) {
       const [oldest, entry] = this.#runs.entries().next().value as [string, OpenEntry];
       this.#runs.delete(oldest);
@@ -362,8 +372,11 @@ export function createRunHost({
       const inFlight = tails.get(runId);
       if (inFlight !== undefined) await inFlight;
       const held = open.last(runId);
-      if (held !== undefined && (await store.version(runId)) === held.version) {
-        return heldEnvelope(held);
+      if (held !== undefined) {
+        const stored = await store.stamp(runId);
+        if (stored?.version === held.version && stored.updatedAt === held.updatedAt) {
+          return heldEnvelope(held);
+        }
       }
       return store.load(runId, WITHOUT_OUTPUTS);
     },
@@ -379,7 +392,7 @@ export function createRunHost({
       );
       // Held open: the run's first unit, when this process runs it, need not restore it.
       const nothingSucceeded: ReadonlySet<string> = new Set();
-      open.put(runId, envelope.version, run, undefined, nothingSucceeded);
+      open.put(runId, envelope, run, undefined, nothingSucceeded);
       if (observers.size > 0) {
         notify({ runId, before: null, fed: [{ event: created, snapshot: transition.snapshot }] });
       }
@@ -432,8 +445,10 @@ export function createRunHost({
     {
       const events: readonly RunEvent[] = Array.isArray(event) ? event : [event as RunEvent];
       const held = open.last(runId);
+      // The state this host committed after the caller loaded it (commits of one run from this
+      // host go one at a time): it is newer, and the compare-and-set checks it is still stored.
       let envelope =
-        held !== undefined && (loaded === undefined || held.version > loaded.version)
+        held !== undefined && loaded !== undefined && held.version > loaded.version
           ? heldEnvelope(held)
           : (loaded ?? (await store.load(runId, WITHOUT_OUTPUTS)));
       for (let conflicts = 0; ; conflicts++) {
@@ -442,7 +457,7 @@ export function createRunHost({
           checked ? checkEventStep(snapshot, e) : validateRunEvent(snapshot, e),
         );
         let status = runStatus(envelope.snapshot);
-        const taken = open.take(runId, envelope.version);
+        const taken = open.take(runId, envelope.version, envelope.updatedAt);
         const run = taken?.run ?? openRun(envelope.snapshot);
         const outputsMissing =
           taken?.outputsMissing ?? envelope.outputsMissing ?? succeededSteps(envelope.snapshot);
@@ -481,7 +496,7 @@ export function createRunHost({
         if (refused || t === undefined) {
           // A batch is all or nothing: the events taken before the refused one stay uncommitted.
           if (valid.length === 1) {
-            open.put(runId, envelope.version, run, envelope.carrier, outputsMissing);
+            open.put(runId, envelope, run, envelope.carrier, outputsMissing);
           } else run.close();
           const unchanged = {
             snapshot: envelope.snapshot,
@@ -512,13 +527,15 @@ export function createRunHost({
             ...(carrier === undefined ? {} : { carrier }),
             outputsMissing,
           };
-          open.put(runId, next.version, run, carrier, outputsMissing);
+          open.put(runId, next, run, carrier, outputsMissing);
           if (observers.size > 0) notify({ runId, before: envelope.snapshot, fed });
           onCommitted?.({ runId, before: envelope.snapshot, events: valid, after: t.snapshot });
           return { envelope: next, transition: t, committed: true };
         } catch (error) {
           run.close();
           if (!(error instanceof SnapshotConflictError) || conflicts >= maxConflicts) throw error;
+          // What this host held is not what is stored: it is read again from here on.
+          open.forget(runId);
           // Another process commits to the run too: after a few lost races, wait a random while
           // (growing to 100 ms) so that both get through instead of one starving the other.
           if (conflicts >= 2) await sleep(Math.random() * Math.min(100, 5 * 2 ** (conflicts - 2)));
@@ -536,7 +553,7 @@ function heldEnvelope(held: HeldState): SnapshotEnvelope<RunSnapshot> {
     schemaVersion: RUN_SNAPSHOT_SCHEMA_VERSION,
     version: held.version,
     snapshot,
-    updatedAt: snapshot.context.updatedAt,
+    updatedAt: held.updatedAt,
     ...(held.carrier === undefined ? {} : { carrier: held.carrier }),
     outputsMissing: held.outputsMissing,
   };

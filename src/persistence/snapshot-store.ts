@@ -155,6 +155,12 @@ export interface SnapshotStore<S = unknown> {
   loadMeta(runId: string): Promise<Record<string, string>>;
   /** The stored version alone (one small read), or null when the run does not exist. */
   version(runId: string): Promise<number | null>;
+  /**
+   * The stored version and the `updatedAt` of the commit that wrote it (one small read), or null
+   * when the run does not exist: together they tell a state apart from another of the same version
+   * (a version can come back with other contents after a failover took commits back).
+   */
+  stamp(runId: string): Promise<{ version: number; updatedAt: number } | null>;
   /** Loads (and migrates) a run's envelope; throws `RunNotFoundError` when there is none. */
   load(runId: string, options?: LoadOptions): Promise<SnapshotEnvelope<S>>;
   /** Loads (and migrates) a run's envelope, or returns null when there is none. */
@@ -506,6 +512,18 @@ export function createSnapshotStore<S = unknown>(
     return raw === null ? null : parseStoredVersion(runId, raw);
   }
 
+  async function stamp(runId: string): Promise<{ version: number; updatedAt: number } | null> {
+    let raw: (string | null)[];
+    try {
+      raw = await redis.hmget(keys.snap(runId), 'v', 'u');
+    } catch (error) {
+      return fail(error);
+    }
+    const [v, u] = raw;
+    if (v === null || v === undefined) return null;
+    return { version: parseStoredVersion(runId, v), updatedAt: Number(u ?? 0) };
+  }
+
   async function loadMeta(runId: string): Promise<Record<string, string>> {
     try {
       return await redis.hgetall(keys.meta(runId));
@@ -553,6 +571,7 @@ export function createSnapshotStore<S = unknown>(
     create,
     loadMeta,
     version,
+    stamp,
     load,
     tryLoad,
     commit,

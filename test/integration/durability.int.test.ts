@@ -97,8 +97,8 @@ describe('durability: replicas acknowledge before the runtime acts', () => {
       const handle = await runtime.start(chain(5), null, { runId: 'acked' });
       const report = await handle.settled({ timeoutMs: 10_000 });
       expect(report.status).toBe('succeeded');
-      // The creation, the request-less start's active-runs entry, and at least one per step.
-      expect((await waits()) - before).toBeGreaterThanOrEqual(7);
+      // At least the run's creation and one per step commit (concurrent waits may share one).
+      expect((await waits()) - before).toBeGreaterThanOrEqual(6);
       expect([...calls.entries()].filter(([k]) => k.startsWith('acked/'))).toHaveLength(5);
       // What the API showed as committed is on the replica.
       const keys = await replicaAdmin.keys('*{*acked}:snap');

@@ -113,6 +113,7 @@ const everyValue = [
   'PolicyDeniedError',
   'PricingNotConfiguredError',
   'RedisUnavailableError',
+  'ReplicasBehindError',
   'ReservationNotFoundError',
   'ResumeError',
   'RevivedError',
