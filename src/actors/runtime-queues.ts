@@ -6,6 +6,7 @@ import type { JsonValue } from '../internal/json.js';
 import { runSteps, type RunSnapshot, type StepChange } from '../machines/kernel.js';
 import { createInboxStore, type InboxStore } from '../persistence/inbox.js';
 import type { PlannedAction } from '../machines/types.js';
+import { END } from '../execution/conversation.js';
 import type { Plan } from '../plan/schema.js';
 import type { Keys } from '../persistence/keys.js';
 import { createStreamWatcher, type StreamWatcher } from '../persistence/stream-watcher.js';
@@ -144,14 +145,20 @@ export class RuntimeQueues {
     if (snapshot.status !== 'active') return [];
     const waits = runSteps(snapshot).filter((s) => s.status === 'WAITING' && s.wait?.signal);
     if (waits.length === 0) return [];
-    const names = [...new Set(waits.map((s) => s.wait!.signal!))];
+    // A waiting granular agent step is a conversation: an `end` signal wakes it too.
+    const talks = waits.some((s) => s.granular);
+    const names = [...new Set([...waits.map((s) => s.wait!.signal!), ...(talks ? [END] : [])])];
     const counts = await this.#inbox.counts(runId, names);
     const jobs: JobSpec[] = [];
+    const pending = (name: string) => (counts[name] ?? 0) > (snapshot.context.taken?.[name] ?? 0);
     for (const s of waits) {
       const name = s.wait!.signal!;
       const cursor = snapshot.context.taken?.[name] ?? 0;
-      if ((counts[name] ?? 0) > cursor)
-        jobs.push(signalWakeJob(runId, s.stepId, s.attempt, cursor));
+      if (pending(name)) jobs.push(signalWakeJob(runId, s.stepId, s.attempt, cursor));
+      else if (s.granular && pending(END)) {
+        const ends = snapshot.context.taken?.[END] ?? 0;
+        jobs.push(signalWakeJob(runId, s.stepId, s.attempt, ends, END));
+      }
     }
     return jobs;
   }

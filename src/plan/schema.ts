@@ -238,6 +238,23 @@ export const agentStepSchema = z
      * instead of failing, for results of idempotent tools only.
      */
     degradedReplay: z.boolean().default(false),
+    /**
+     * Granular steps only: the signals of this name sent to the run are appended to the step's
+     * history as user messages at the next turn boundary, each once, in send order.
+     */
+    inbox: z
+      .string()
+      .regex(STEP_ID_PATTERN, {
+        error: (issue) =>
+          `signal name ${JSON.stringify(issue.input)} is not allowed: use 1 to 128 letters, digits, "_", "." or "-", starting with a letter or digit`,
+      })
+      .optional(),
+    /**
+     * Granular steps with an `inbox` only: a reply without tool calls does not end the step, which
+     * waits for its next message; it ends with the agent's `end` tool, an `end` signal, or at
+     * `maxTurns`.
+     */
+    conversation: z.boolean().default(false),
   })
   .strict();
 
@@ -514,6 +531,35 @@ export function checkPlanSemantics(plan: unknown): PlanSemanticIssue[] {
       message:
         'only granular agent steps take the turn\'s idempotency key: set mode: "granular", or leave enforceIdempotency out (atomic steps pass ctx.idempotencyKey, the call\'s own key)',
     });
+  });
+
+  // An inbox is read at turn boundaries, which only granular steps have; a conversation waits on
+  // its inbox.
+  steps.forEach((step: unknown, i) => {
+    if (!isRecord(step) || step.kind !== 'agent') return;
+    const granular = step.mode === 'granular';
+    for (const field of ['inbox', 'conversation'] as const) {
+      const set = field === 'inbox' ? step.inbox !== undefined : step.conversation === true;
+      if (!set || granular) continue;
+      issues.push({
+        path: ['steps', i, field],
+        message: `only granular agent steps take ${field} (it is read at turn boundaries): set mode: "granular", or remove ${field}`,
+      });
+    }
+    if (granular && step.conversation === true && step.inbox === undefined) {
+      issues.push({
+        path: ['steps', i, 'inbox'],
+        message:
+          'a conversation waits for the messages of its inbox: name its signal with inbox, or remove conversation',
+      });
+    }
+    if (step.inbox === 'end' && step.conversation === true) {
+      issues.push({
+        path: ['steps', i, 'inbox'],
+        message:
+          'the signal "end" ends a conversation and cannot be its inbox: name the messages\' signal otherwise',
+      });
+    }
   });
 
   // Key inputs key the tool calls an operator makes through ctx.tools; no other kind makes them.
