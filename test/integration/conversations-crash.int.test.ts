@@ -104,7 +104,7 @@ describe('a conversation across SIGKILL', { timeout: 60_000 }, () => {
     ]);
     const events: { type: string; data: Record<string, unknown> }[] = [];
     for await (const e of rt.events(runId)) {
-      events.push({ type: e.type, data: e.data as unknown as Record<string, unknown> });
+      events.push({ type: e.type, data: e.data });
     }
     const taken = events.filter((e) => e.type === 'signal.taken');
     expect(taken.map((e) => `${String(e.data['name'])}#${String(e.data['index'])}`)).toEqual([

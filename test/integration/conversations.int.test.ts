@@ -13,6 +13,7 @@ import { createRuntime, runtimeCore, type Runtime } from '../../src/runtime.js';
 import type { RecordedRequest } from '../../src/testing/index.js';
 import type { FlujoWorker } from '../../src/worker/worker.js';
 import { runFlujo } from '../helpers/cli.js';
+import { heldTool } from '../helpers/held-tool.js';
 import { connect, deletePrefix, redisUrl, testPrefix } from '../helpers/redis.js';
 import { scriptedAgent, useScriptedModel } from '../helpers/scripted-agent.js';
 
@@ -22,6 +23,7 @@ let redis: Redis;
 let prefix: string;
 let rt: Runtime;
 let worker: FlujoWorker;
+const held = heldTool('hold');
 
 /** The last user message of a request. */
 const lastUser = (r: RecordedRequest): string =>
@@ -43,6 +45,7 @@ beforeAll(async () => {
   prefix = testPrefix();
   rt = createRuntime({ redis: redisUrl(), prefix });
   rt.agent(scriptedAgent(model, { name: 'talker', systemPrompt: 'Talk.' }));
+  rt.agent(scriptedAgent(model, { name: 'worker', systemPrompt: 'Work.', tools: [held.tool] }));
   worker = rt.createWorker({ concurrency: 4, recoveryMs: 1000 });
   await worker.ready();
 });
@@ -163,6 +166,9 @@ describe('conversations', { timeout: 60_000 }, () => {
     ]);
     expect(all.filter((e) => e.type === 'wait.started')).toHaveLength(6);
     expect(all.filter((e) => e.type === 'wait.woken')).toHaveLength(6);
+    // The run's stored events lead to its stored snapshot (the cursors included).
+    const reproduced = await rt.replay(runId, { mode: 'reproduce' });
+    expect(reproduced.integrity).toEqual({ ok: true, problems: [], differences: [] });
   });
 
   it('a message sent while a model call is in flight is taken at the next boundary, once', async () => {
@@ -212,6 +218,35 @@ describe('conversations', { timeout: 60_000 }, () => {
     expect(users.filter((u) => u === 'a')).toHaveLength(1);
     expect(users.filter((u) => u === 'b').length).toBeLessThanOrEqual(1);
     expect(report.steps[0]!.output).toMatchObject({ turns: 2 });
+  });
+
+  it('an inbox without a conversation: a message sent during a turn joins the history after that turn, once', async () => {
+    const input = 'inbox-only';
+    model.setDefaultReply((r) =>
+      r.messages.some((m) => m.role === 'tool')
+        ? { text: `saw ${lastUser(r)}` }
+        : { toolCalls: [{ name: 'hold', arguments: {} }] },
+    );
+    const plan: PlanInput = {
+      name: 'inbox-only',
+      steps: [{ id: 'chat', kind: 'agent', agent: 'worker', mode: 'granular', inbox: 'message' }],
+    };
+    const { runId } = await rt.start(plan, input);
+    await until('the held call', () =>
+      Promise.resolve(requestsOf(input).length === 1 || undefined),
+    );
+    await rt.signal(runId, 'message', 'extra');
+    held.release();
+    const report = await settled(runId);
+    expect(report.status).toBe('succeeded');
+    expect(report.steps[0]!.output).toMatchObject({ answer: 'saw extra', turns: 2, toolCalls: 1 });
+    const roles = (await history(runId)).map(
+      (m) => `${m.role}${m.role === 'user' ? ` ${String(m.content)}` : ''}`,
+    );
+    expect(roles).toEqual([`user ${input}`, 'assistant', 'tool', 'user extra', 'assistant']);
+    expect(requestsOf(input)).toHaveLength(2);
+    // No end tool without a conversation.
+    expect(requestsOf(input)[0]!.tools.map((t) => t.function?.name)).toEqual(['hold']);
   });
 
   it('bad input is refused with the field named, nothing written', async () => {
