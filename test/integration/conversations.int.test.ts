@@ -120,6 +120,7 @@ describe('conversations', { timeout: 60_000 }, () => {
     await waitsAfter(runId, 1);
     const status = await rt.status(runId);
     expect(status.status).toBe('waiting');
+    expect(status.waits).toMatchObject([{ stepId: 'chat', signal: 'message', queued: 0 }]);
     for (let i = 1; i <= 5; i++) {
       if (i === 3) {
         const sent = await runFlujo(['signal', runId, 'message', '--data', '"m3"'], { prefix });
