@@ -562,6 +562,32 @@ export function checkPlanSemantics(plan: unknown): PlanSemanticIssue[] {
     }
   });
 
+  // A signal name read by an inbox is read by that step alone (a wait step or another inbox would
+  // take its messages), and one conversation at most listens for `end`.
+  const readers = new Map<string, number>();
+  let talking: number | undefined;
+  steps.forEach((step: unknown, i) => {
+    if (!isRecord(step)) return;
+    const name =
+      step.kind === 'agent' ? step.inbox : isRecord(step.for) ? step.for.signal : undefined;
+    if (typeof name !== 'string') return;
+    const first = readers.get(name);
+    if (first === undefined) readers.set(name, i);
+    else if (step.kind === 'agent' || (steps[first] as Record<string, unknown>).kind === 'agent') {
+      issues.push({
+        path: step.kind === 'agent' ? ['steps', i, 'inbox'] : ['steps', i, 'for', 'signal'],
+        message: `signal "${name}" is already read by steps[${first}]; an agent step's inbox is read by that step alone: give each its own signal name`,
+      });
+    }
+    if (step.kind !== 'agent' || step.conversation !== true) return;
+    if (talking !== undefined) {
+      issues.push({
+        path: ['steps', i, 'conversation'],
+        message: `a plan has one conversation step at most (steps[${talking}] is one; the signal "end" ends it): make this step a granular step with an inbox, without conversation`,
+      });
+    } else talking = i;
+  });
+
   // Key inputs key the tool calls an operator makes through ctx.tools; no other kind makes them.
   steps.forEach((step: unknown, i) => {
     if (!isRecord(step) || step.kind === 'operator' || !isRecord(step.idempotency)) return;

@@ -277,6 +277,30 @@ describe('conversations', { timeout: 60_000 }, () => {
         'steps[0].inbox',
       ],
       [chatPlan('end-inbox', { inbox: 'end' }), 'steps[0].inbox'],
+      [
+        {
+          name: 'shared-inbox',
+          steps: [
+            { id: 'w', kind: 'wait', for: { signal: 'message' } },
+            { id: 'chat', kind: 'agent', agent: 'talker', mode: 'granular', inbox: 'message' },
+          ],
+        },
+        'steps[1].inbox',
+      ],
+      [
+        {
+          name: 'two-conversations',
+          steps: ['one', 'two'].map((id) => ({
+            id,
+            kind: 'agent' as const,
+            agent: 'talker',
+            mode: 'granular' as const,
+            inbox: id,
+            conversation: true,
+          })),
+        },
+        'steps[1].conversation',
+      ],
       [chatPlan('bad-name', { inbox: 'no spaces' }), 'steps[0].inbox'],
     ];
     for (const [plan, field] of cases) {
