@@ -29,6 +29,20 @@ export function abortMessage(runId: string, stepId: string, attempt: number): st
   return `${runId}\n${stepId}\n${attempt}`;
 }
 
+/**
+ * The abort-channel message that a signal `name` was sent while attempt `attempt` of a granular
+ * step may be in a model call: a step whose inbox is `name`, with `onBusy: 'interrupt'`, aborts
+ * that call and takes its turn again with the message.
+ */
+export function interruptMessage(
+  runId: string,
+  stepId: string,
+  attempt: number,
+  name: string,
+): string {
+  return `${abortMessage(runId, stepId, attempt)}\ninbox\n${name}`;
+}
+
 const JOB_DEFAULTS = {
   // Completed ids are kept a while so that a re-add of the same unit is a no-op (a re-add after
   // that is harmless too: the job's guard finds the unit done); at most a day, at most 20 000.
@@ -218,6 +232,18 @@ export class RuntimeQueues {
       if (p.type === 'step.abort') {
         await this.channels.publishAbort(abortMessage(runId, p.stepId, p.attempt));
       }
+    }
+  }
+
+  /**
+   * Tells workers that signal `name` was sent to the run, for the granular steps of `snapshot`
+   * that may be in a model call (see {@link interruptMessage}).
+   */
+  async publishInterrupts(runId: string, snapshot: RunSnapshot, name: string): Promise<void> {
+    if (snapshot.status !== 'active') return;
+    for (const s of runSteps(snapshot)) {
+      if (!s.granular || (s.status !== 'RUNNING' && s.status !== 'READY')) continue;
+      await this.channels.publishAbort(interruptMessage(runId, s.stepId, s.attempt, name));
     }
   }
 

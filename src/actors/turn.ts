@@ -76,6 +76,7 @@ import {
   type AgentStepArgs,
 } from '../execution/model-call.js';
 import type { JobData, JobSpec } from './jobs.js';
+import { interruptMessage } from './runtime-queues.js';
 import { startUnit } from './unit-start.js';
 import {
   admitUnit,
@@ -102,6 +103,9 @@ import {
 } from './unit.js';
 
 const NOTHING: Promise<null> = Promise.resolve(null);
+
+/** How many times one turn's model call is interrupted at most; then messages wait for the boundary. */
+const MAX_INTERRUPTS = 10;
 
 /** What one granular turn came to: the turn to commit, a failure, a budget stop, or a pause. */
 export type TurnOutcome =
@@ -184,6 +188,7 @@ async function turnUnit(
         // Only a job that may go on with the next turn prepares its reservation.
         prepareNext: mayGoOn(chain),
         ...inboxOf(host, step, env),
+        ...interruptOf(host, step, data),
         ...replayOf(host, runId, meta, step),
       },
     ),
@@ -215,6 +220,33 @@ function inboxOf(
       reader: host.core.stores.inbox,
       from: taken?.[step.inbox] ?? 0,
       endFrom: taken?.[END] ?? 0,
+    },
+  };
+}
+
+/**
+ * A step with `onBusy: 'interrupt'`: its model call listens for the abort-channel message that a
+ * signal of its inbox was sent (see `interruptMessage`), while it is in flight.
+ */
+function interruptOf(
+  host: UnitHost,
+  step: AgentStep,
+  data: JobData,
+): { interrupt?: TurnArgs['interrupt'] } {
+  if (step.inbox === undefined || step.onBusy !== 'interrupt') return {};
+  const key = interruptMessage(data.runId, step.id, data.attempt!, step.inbox);
+  return {
+    interrupt: {
+      listen() {
+        const controller = new AbortController();
+        host.aborts.set(key, controller);
+        return {
+          signal: controller.signal,
+          stop: () => {
+            if (host.aborts.get(key) === controller) host.aborts.delete(key);
+          },
+        };
+      },
     },
   };
 }
@@ -427,6 +459,8 @@ export interface TurnExecution {
   prepareNext?: boolean;
   /** A step with an inbox: where it is read, and the run's cursors (see `TurnArgs`). */
   inbox?: TurnArgs['inbox'];
+  /** A step with `onBusy: 'interrupt'` (see `TurnArgs`). */
+  interrupt?: TurnArgs['interrupt'];
 }
 
 /**
@@ -483,6 +517,7 @@ async function takeOneTurn(deps: StepExecutionDeps, args: TurnExecution): Promis
         ...(args.receiptsWithCommit === true ? { receiptsWithCommit: true } : {}),
         ...(args.prepareNext === true ? { prepareNext: true } : {}),
         ...(args.inbox === undefined ? {} : { inbox: args.inbox }),
+        ...(args.interrupt === undefined ? {} : { interrupt: args.interrupt }),
       },
     );
     return { kind: 'turn', turn };
@@ -526,6 +561,11 @@ export interface TurnArgs extends AgentStepArgs {
    * (`from`) and of `end` (`endFrom`).
    */
   inbox?: { reader: InboxReader; from: number; endFrom: number };
+  /**
+   * A step with `onBusy: 'interrupt'`: `listen()` while its model call is in flight; the signal
+   * it returns aborts when a message of the inbox is sent.
+   */
+  interrupt?: { listen(): { signal: AbortSignal; stop(): void } };
 }
 
 /** What a granular turn came to; the caller commits it. */
@@ -572,12 +612,27 @@ export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResu
   }
   const added: ChatMessage[] = turn === 0 ? [userMessage(args.input)] : [];
   const asked = { ...args, journaled: Promise.resolve(journaled) };
-  const { reply, known } = await replyOf(
-    deps,
-    asked,
-    [...history, ...added, ...taken.map(signalMessage)],
-    taken.length,
-  );
+  let replied: Awaited<ReturnType<typeof replyOf>> | undefined;
+  for (let tries = 0; replied === undefined; tries++) {
+    // onBusy 'interrupt': a message sent while the model call is in flight aborts it (never a
+    // tool call: they run on the turn's own signal), and the turn asks again with the message.
+    const listening =
+      journaled === null && tries < MAX_INTERRUPTS ? args.interrupt?.listen() : undefined;
+    const on =
+      listening === undefined
+        ? asked
+        : { ...asked, signal: AbortSignal.any([args.signal, listening.signal]) };
+    try {
+      const sent = [...history, ...added, ...taken.map(signalMessage)];
+      replied = await replyOf(deps, on, sent, taken.length);
+    } catch (error) {
+      if (listening?.signal.aborted !== true || args.signal.aborted) throw error;
+      taken = await takenSignals(args, null);
+    } finally {
+      listening?.stop();
+    }
+  }
+  const { reply, known } = replied;
   if (args.inbox !== undefined && (reply.inboxTaken ?? 0) !== taken.length) {
     // Another worker's reply to the same turn was journaled first: the signals it answered.
     taken = await pendingSignals(

@@ -86,6 +86,13 @@ export interface AgentStepOptions extends Omit<StepOptions, 'input'>, AgentLoopO
    * @defaultValue `false`
    */
   conversation?: boolean;
+  /**
+   * Granular steps with an `inbox` only: a message sent while a model call is in flight waits for
+   * the turn boundary (`queue`), or aborts that call (never a tool call) and the turn is taken
+   * again with it (`interrupt`).
+   * @defaultValue `'queue'`
+   */
+  onBusy?: 'queue' | 'interrupt';
 }
 
 /** Options of {@link Step.granular}: as {@link AgentStepOptions}, the mode fixed to `granular`. */

@@ -255,6 +255,12 @@ export const agentStepSchema = z
      * `maxTurns`.
      */
     conversation: z.boolean().default(false),
+    /**
+     * Granular steps with an `inbox` only: what a message does while a model call is in flight:
+     * wait for the turn boundary (`queue`, when absent), or abort the call and take the turn
+     * again with it.
+     */
+    onBusy: z.enum(['queue', 'interrupt']).optional(),
   })
   .strict();
 
@@ -538,12 +544,19 @@ export function checkPlanSemantics(plan: unknown): PlanSemanticIssue[] {
   steps.forEach((step: unknown, i) => {
     if (!isRecord(step) || step.kind !== 'agent') return;
     const granular = step.mode === 'granular';
-    for (const field of ['inbox', 'conversation'] as const) {
-      const set = field === 'inbox' ? step.inbox !== undefined : step.conversation === true;
+    for (const field of ['inbox', 'conversation', 'onBusy'] as const) {
+      const set = field === 'conversation' ? step.conversation === true : step[field] !== undefined;
       if (!set || granular) continue;
       issues.push({
         path: ['steps', i, field],
         message: `only granular agent steps take ${field} (it is read at turn boundaries): set mode: "granular", or remove ${field}`,
+      });
+    }
+    if (granular && step.onBusy !== undefined && step.inbox === undefined) {
+      issues.push({
+        path: ['steps', i, 'onBusy'],
+        message:
+          'onBusy says what a message of the inbox does while a model call is in flight: name its signal with inbox, or remove onBusy',
       });
     }
     if (granular && step.conversation === true && step.inbox === undefined) {

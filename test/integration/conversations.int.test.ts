@@ -203,6 +203,48 @@ describe('conversations', { timeout: 60_000 }, () => {
     expect(requestsOf(input)[0]!.tools.map((t) => t.function?.name)).toEqual(['end']);
   });
 
+  it("onBusy 'interrupt': a message sent mid model call aborts it, and the retaken turn answers with it; usage conserved", async () => {
+    model.setDefaultReply(reply);
+    const input = 'conv-interrupt';
+    const { runId } = await rt.start(chatPlan('interrupt', { onBusy: 'interrupt' }), input);
+    await waitsAfter(runId, 1);
+    await rt.signal(runId, 'message', 'slow');
+    await until('the slow call', () =>
+      Promise.resolve(requestsOf(input).some((r) => lastUser(r) === 'slow') ? true : undefined),
+    );
+    await rt.signal(runId, 'message', 'during');
+    await waitsAfter(runId, 2);
+    const asked = requestsOf(input);
+    expect(
+      asked.map((r) => r.messages.filter((m) => m.role === 'user').map((m) => m.content)),
+    ).toEqual([[input], [input, 'slow'], [input, 'slow', 'during']]);
+    expect(asked.map((r) => r.answered)).toEqual([true, false, true]);
+    const messages = await history(runId);
+    expect(messages.map((m) => `${m.role} ${String(m.content)}`)).toEqual([
+      `user ${input}`,
+      `assistant re: ${input}`,
+      'user slow',
+      'user during',
+      'assistant re: during',
+    ]);
+    const all = await events(runId);
+    expect(all.filter((e) => e.type === 'signal.taken').map((e) => e.data['turn'])).toEqual([1, 1]);
+    expect(all.filter((e) => e.type === 'turn.committed')).toHaveLength(2);
+    // One reservation per request sent, each reconciled once: the interrupted one as sent without
+    // an answer, and nothing left reserved.
+    const usage = await rt.usage(runId);
+    expect(usage.reservations.map((r) => [r.turn, r.outcome])).toEqual([
+      [0, 'usage'],
+      [1, 'baseline'],
+      [1, 'usage'],
+    ]);
+    expect(usage.totals.reservedTokens).toBe(0);
+    const charged = usage.reservations.reduce((n, r) => n + (r.charged?.tokens ?? 0), 0);
+    expect(usage.totals.spentTokens).toBe(charged);
+    await rt.signal(runId, 'end');
+    expect((await settled(runId)).status).toBe('succeeded');
+  });
+
   it('maxTurns ends a conversation with its last reply', async () => {
     // Two messages sent before the run starts its first turn are taken by turn 0, after the input.
     model.setDefaultReply(reply);
@@ -277,6 +319,23 @@ describe('conversations', { timeout: 60_000 }, () => {
         'steps[0].inbox',
       ],
       [chatPlan('end-inbox', { inbox: 'end' }), 'steps[0].inbox'],
+      [
+        {
+          name: 'atomic-on-busy',
+          steps: [{ id: 'chat', kind: 'agent', agent: 'talker', onBusy: 'interrupt' }],
+        },
+        'steps[0].onBusy',
+      ],
+      [
+        {
+          name: 'on-busy-no-inbox',
+          steps: [
+            { id: 'chat', kind: 'agent', agent: 'talker', mode: 'granular', onBusy: 'queue' },
+          ],
+        },
+        'steps[0].onBusy',
+      ],
+      [chatPlan('on-busy-bad', { onBusy: 'drop' }), 'steps[0].onBusy'],
       [
         {
           name: 'shared-inbox',
