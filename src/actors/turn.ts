@@ -479,7 +479,7 @@ async function takeOneTurn(deps: StepExecutionDeps, args: TurnExecution): Promis
   const gate = callGate(state);
   try {
     const resolved = resolveAgent(deps, step);
-    const agent = step.conversation ? conversationAgent(resolved) : resolved;
+    const agent = step.conversation === true ? conversationAgent(resolved) : resolved;
     // The worker builds the agents' tokenizers when it starts: the turn counts with them.
     await tokenizerReady(agent.model);
     // Tagged policies: before every turn, a turn being the unit a granular step runs at a time.
@@ -607,7 +607,7 @@ export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResu
   // The inbox: the signals the turn takes, the same ones a journaled reply answered.
   const journaled = await (args.journaled ?? deps.journal.get(runId, step.id, turn));
   let taken = await takenSignals(args, journaled);
-  if (step.conversation && taken.length === 0 && waitedBefore(history)) {
+  if (step.conversation === true && taken.length === 0 && waitedBefore(history)) {
     return wokenEmpty(deps, args, history, current.hash);
   }
   const added: ChatMessage[] = turn === 0 ? [userMessage(args.input)] : [];
@@ -649,7 +649,7 @@ export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResu
   if (calls.length === 0) {
     const conversation = [...history, ...added];
     const final = () => finalResult(deps, args, conversation, turn + 1);
-    if (!step.conversation || turn + 1 >= step.maxTurns) {
+    if (step.conversation !== true || turn + 1 >= step.maxTurns) {
       return { ...base, messages: added, final: await final() };
     }
     return { ...base, messages: added, ...(await afterReply(args, taken.length, final)) };
@@ -662,7 +662,7 @@ export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResu
   debugPoint(DebugPoint.afterTools, `${step.id}:${turn}`);
   added.push(...results);
   const out: TurnResult = { ...base, messages: added, final: null, receipts };
-  if (step.conversation && calls.some((c) => c.name === END)) {
+  if (step.conversation === true && calls.some((c) => c.name === END)) {
     // The model ended the conversation: its last reply is the step's output.
     out.final = await finalResult(deps, args, [...history, ...added], turn + 1);
     return out;

@@ -92,7 +92,7 @@ async function settleWait(
     }
     const meta = await core.meta.read(runId);
     const step = meta.plan.steps.find((s) => s.id === data.stepId);
-    const talks = step?.kind === 'agent' && step.conversation;
+    const talks = step?.kind === 'agent' && step.conversation === true;
     if (step?.kind !== 'wait' && !talks) return 'not-a-wait';
     const decision =
       step.kind === 'wait'

@@ -393,8 +393,6 @@ export function fallbackStep(step: PlanStep): PlanStep | null {
     ...common,
     ...loop,
     enforceIdempotency: false,
-    // A fallback runs as one atomic step: no inbox, no conversation.
-    conversation: false,
     kind: 'agent',
     agent: fallback.agent,
     mode: 'atomic',

@@ -254,7 +254,7 @@ export const agentStepSchema = z
      * waits for its next message; it ends with the agent's `end` tool, an `end` signal, or at
      * `maxTurns`.
      */
-    conversation: z.boolean().default(false),
+    conversation: z.boolean().optional(),
     /**
      * Granular steps with an `inbox` only: what a message does while a model call is in flight:
      * wait for the turn boundary (`queue`, when absent), or abort the call and take the turn
