@@ -167,6 +167,11 @@ describe('conversations', { timeout: 60_000 }, () => {
     ]);
     expect(all.filter((e) => e.type === 'wait.started')).toHaveLength(6);
     expect(all.filter((e) => e.type === 'wait.woken')).toHaveLength(6);
+    // The trace lists the step's six turns and six model calls.
+    const trace = await rt.trace(runId);
+    expect(trace.steps[0]!.attempts.map((a) => [a.turns.length, a.modelCalls.length])).toEqual([
+      [6, 6],
+    ]);
     // The run's stored events lead to its stored snapshot (the cursors included).
     const reproduced = await rt.replay(runId, { mode: 'reproduce' });
     expect(reproduced.integrity).toEqual({ ok: true, problems: [], differences: [] });
