@@ -108,8 +108,10 @@ export function signalWakeJobId(
   stepId: string,
   attempt: number,
   index: number,
+  name?: string,
 ): string {
-  return `w|${enc(runId)}|${stepId}|${attempt}|s${index}`;
+  // A conversation's `end` signal wakes it under a name of its own (its index counts apart).
+  return `w|${enc(runId)}|${stepId}|${attempt}|s${index}${name === undefined ? '' : `|${name}`}`;
 }
 
 /** The timer job of a WAITING step whose wait has a due time, due at `dueAt`. */
@@ -133,11 +135,12 @@ export function signalWakeJob(
   stepId: string,
   attempt: number,
   index: number,
+  name?: string,
 ): JobSpec {
   return {
     name: JobName.wake,
     data: { runId, stepId, attempt },
-    opts: { jobId: signalWakeJobId(runId, stepId, attempt, index) },
+    opts: { jobId: signalWakeJobId(runId, stepId, attempt, index, name) },
   };
 }
 

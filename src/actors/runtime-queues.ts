@@ -6,6 +6,7 @@ import type { JsonValue } from '../internal/json.js';
 import { runSteps, type RunSnapshot, type StepChange } from '../machines/kernel.js';
 import { createInboxStore, type InboxStore } from '../persistence/inbox.js';
 import type { PlannedAction } from '../machines/types.js';
+import { END } from '../execution/conversation.js';
 import type { Plan } from '../plan/schema.js';
 import type { Keys } from '../persistence/keys.js';
 import { createStreamWatcher, type StreamWatcher } from '../persistence/stream-watcher.js';
@@ -28,6 +29,20 @@ import {
 /** The abort-channel message naming one running attempt. */
 export function abortMessage(runId: string, stepId: string, attempt: number): string {
   return `${runId}\n${stepId}\n${attempt}`;
+}
+
+/**
+ * The abort-channel message that a signal `name` was sent while attempt `attempt` of a granular
+ * step may be in a model call: a step whose inbox is `name`, with `onBusy: 'interrupt'`, aborts
+ * that call and takes its turn again with the message.
+ */
+export function interruptMessage(
+  runId: string,
+  stepId: string,
+  attempt: number,
+  name: string,
+): string {
+  return `${abortMessage(runId, stepId, attempt)}\ninbox\n${name}`;
 }
 
 const JOB_DEFAULTS = {
@@ -232,14 +247,20 @@ export class RuntimeQueues {
     if (snapshot.status !== 'active') return [];
     const waits = runSteps(snapshot).filter((s) => s.status === 'WAITING' && s.wait?.signal);
     if (waits.length === 0) return [];
-    const names = [...new Set(waits.map((s) => s.wait!.signal!))];
+    // A waiting granular agent step is a conversation: an `end` signal wakes it too.
+    const talks = waits.some((s) => s.granular);
+    const names = [...new Set([...waits.map((s) => s.wait!.signal!), ...(talks ? [END] : [])])];
     const counts = await this.#inbox.counts(runId, names);
     const jobs: JobSpec[] = [];
+    const pending = (name: string) => (counts[name] ?? 0) > (snapshot.context.taken?.[name] ?? 0);
     for (const s of waits) {
       const name = s.wait!.signal!;
       const cursor = snapshot.context.taken?.[name] ?? 0;
-      if ((counts[name] ?? 0) > cursor)
-        jobs.push(signalWakeJob(runId, s.stepId, s.attempt, cursor));
+      if (pending(name)) jobs.push(signalWakeJob(runId, s.stepId, s.attempt, cursor));
+      else if (s.granular && pending(END)) {
+        const ends = snapshot.context.taken?.[END] ?? 0;
+        jobs.push(signalWakeJob(runId, s.stepId, s.attempt, ends, END));
+      }
     }
     return jobs;
   }
@@ -299,6 +320,18 @@ export class RuntimeQueues {
       if (p.type === 'step.abort') {
         await this.channels.publishAbort(abortMessage(runId, p.stepId, p.attempt));
       }
+    }
+  }
+
+  /**
+   * Tells workers that signal `name` was sent to the run, for the granular steps of `snapshot`
+   * that may be in a model call (see {@link interruptMessage}).
+   */
+  async publishInterrupts(runId: string, snapshot: RunSnapshot, name: string): Promise<void> {
+    if (snapshot.status !== 'active') return;
+    for (const s of runSteps(snapshot)) {
+      if (!s.granular || (s.status !== 'RUNNING' && s.status !== 'READY')) continue;
+      await this.channels.publishAbort(interruptMessage(runId, s.stepId, s.attempt, name));
     }
   }
 

@@ -55,6 +55,14 @@ import {
   type StepResult,
 } from '../execution/execute-step.js';
 import { enforceTaggedPolicies } from '../execution/policies.js';
+import {
+  conversationAgent,
+  END,
+  pendingSignals,
+  signalMessage,
+  type InboxReader,
+} from '../execution/conversation.js';
+import type { StoredSignal } from '../persistence/inbox.js';
 import type { HistoryReader } from '../execution/ports.js';
 import { claimFingerprint, stepFingerprint } from '../execution/agent-fingerprint.js';
 import {
@@ -68,6 +76,7 @@ import {
   type AgentStepArgs,
 } from '../execution/model-call.js';
 import type { JobData, JobSpec } from './jobs.js';
+import { interruptMessage } from './runtime-queues.js';
 import { startUnit } from './unit-start.js';
 import {
   admitUnit,
@@ -94,6 +103,9 @@ import {
 } from './unit.js';
 
 const NOTHING: Promise<null> = Promise.resolve(null);
+
+/** How many times one turn's model call is interrupted at most; then messages wait for the boundary. */
+const MAX_INTERRUPTS = 10;
 
 /** What one granular turn came to: the turn to commit, a failure, a budget stop, or a pause. */
 export type TurnOutcome =
@@ -175,6 +187,8 @@ async function turnUnit(
         receiptsWithCommit: true,
         // Only a job that may go on with the next turn prepares its reservation.
         prepareNext: mayGoOn(chain),
+        ...inboxOf(host, step, env),
+        ...interruptOf(host, step, data),
         ...replayOf(host, runId, meta, step),
       },
     ),
@@ -191,6 +205,50 @@ async function turnUnit(
   const c = { data, env, unit, chain, admitted };
   if (outcome.kind === 'failed') return commitFailedTurn(host, c, outcome.error);
   return commitTurn(host, c, outcome.turn);
+}
+
+/** Where a step with an inbox reads it: the run's inbox, from the run's cursors. */
+function inboxOf(
+  host: UnitHost,
+  step: AgentStep,
+  env: SnapshotEnvelope<RunSnapshot>,
+): { inbox?: TurnArgs['inbox'] } {
+  if (step.inbox === undefined) return {};
+  const taken = env.snapshot.context.taken;
+  return {
+    inbox: {
+      reader: host.core.stores.inbox,
+      from: taken?.[step.inbox] ?? 0,
+      endFrom: taken?.[END] ?? 0,
+    },
+  };
+}
+
+/**
+ * A step with `onBusy: 'interrupt'`: its model call listens for the abort-channel message that a
+ * signal of its inbox was sent (see `interruptMessage`), while it is in flight.
+ */
+function interruptOf(
+  host: UnitHost,
+  step: AgentStep,
+  data: JobData,
+): { interrupt?: TurnArgs['interrupt'] } {
+  if (step.inbox === undefined || step.onBusy !== 'interrupt') return {};
+  const key = interruptMessage(data.runId, step.id, data.attempt!, step.inbox);
+  return {
+    interrupt: {
+      listen() {
+        const controller = new AbortController();
+        host.aborts.set(key, controller);
+        return {
+          signal: controller.signal,
+          stop: () => {
+            if (host.aborts.get(key) === controller) host.aborts.delete(key);
+          },
+        };
+      },
+    },
+  };
 }
 
 /**
@@ -270,8 +328,23 @@ function turnEvents(
   const { messages, fingerprint, final } = result;
   const cursor = state.agent?.cursor ?? 0;
   const at = host.core.clock();
-  const events: RunEvent[] = [
-    {
+  // The inbox's signals the turn took (and an `end` signal), each moving the run's cursor of its
+  // name in this commit: a signal is taken once, by the turn that committed it.
+  const taken = [...result.taken, ...(result.end === undefined ? [] : [result.end])];
+  const events: RunEvent[] = taken.map((signal) => ({
+    type: 'signal.taken',
+    stepId,
+    attempt,
+    turn,
+    name: signal.name,
+    index: signal.index,
+    seq: signal.seq,
+    ...(signal.id === null ? {} : { id: signal.id }),
+    at,
+  }));
+  // A conversation woken with nothing to take commits no turn.
+  if (messages.length > 0) {
+    events.push({
       type: 'turn.committed',
       stepId,
       attempt,
@@ -279,8 +352,8 @@ function turnEvents(
       cursor: cursor + messages.length,
       fingerprint,
       at,
-    },
-  ];
+    });
+  }
   if (final !== null) {
     events.push({
       type: 'step.succeeded',
@@ -289,6 +362,8 @@ function turnEvents(
       output: final as unknown as JsonValue,
       at,
     });
+  } else if (result.waits === true) {
+    events.push({ type: 'wait.started', stepId, attempt, signal: step.inbox!, at });
   } else if (turn + 1 >= step.maxTurns) {
     const error = new MaxTurnsExceededError(stepId, step.maxTurns).toJSON();
     events.push(failed(host, stepId, attempt, error));
@@ -338,11 +413,19 @@ async function commitTurn(host: UnitHost, c: TurnCommit, result: TurnResult): Pr
       },
       ...(onNext === undefined ? {} : { onNext }),
     });
-    if (applied.committed) host.histories.committed(runId, stepId, cursor, messages);
+    if (applied.committed && messages.length > 0) {
+      host.histories.committed(runId, stepId, cursor, messages);
+    }
     notifyFailures(host, runId, events, applied, turn);
     debugPoint(DebugPoint.afterCommit, `${stepId}:${turn}`);
     // 5. Next.
-    const ended = final !== null ? 'succeeded' : 'turn';
+    const ended = final !== null ? 'succeeded' : result.waits === true ? 'waiting' : 'turn';
+    if (result.waits === true && applied.committed) {
+      // A message sent while this turn committed (its sender saw the step RUNNING and woke
+      // nothing) is found by reading the inbox again after the commit.
+      const wakes = await core.queues.signalWakes(runId, applied.envelope.snapshot);
+      if (wakes.length > 0) await core.queues.add(wakes);
+    }
     if (next !== null) {
       const going = await nextUnit(host, next, applied, chain, ended);
       handedOn = typeof going !== 'string';
@@ -375,6 +458,10 @@ export interface TurnExecution {
   receiptsWithCommit?: boolean;
   /** Prepare the next turn's reservation (see `TurnArgs`). */
   prepareNext?: boolean;
+  /** A step with an inbox: where it is read, and the run's cursors (see `TurnArgs`). */
+  inbox?: TurnArgs['inbox'];
+  /** A step with `onBusy: 'interrupt'` (see `TurnArgs`). */
+  interrupt?: TurnArgs['interrupt'];
 }
 
 /**
@@ -392,7 +479,8 @@ async function takeOneTurn(deps: StepExecutionDeps, args: TurnExecution): Promis
   const { step, state, runId, tenantId, signal } = args;
   const gate = callGate(state);
   try {
-    const agent = resolveAgent(deps, step);
+    const resolved = resolveAgent(deps, step);
+    const agent = step.conversation === true ? conversationAgent(resolved) : resolved;
     // The worker builds the agents' tokenizers when it starts: the turn counts with them.
     await tokenizerReady(agent.model);
     // Tagged policies: before every turn, a turn being the unit a granular step runs at a time.
@@ -429,6 +517,8 @@ async function takeOneTurn(deps: StepExecutionDeps, args: TurnExecution): Promis
         ...(args.journaled === undefined ? {} : { journaled: args.journaled }),
         ...(args.receiptsWithCommit === true ? { receiptsWithCommit: true } : {}),
         ...(args.prepareNext === true ? { prepareNext: true } : {}),
+        ...(args.inbox === undefined ? {} : { inbox: args.inbox }),
+        ...(args.interrupt === undefined ? {} : { interrupt: args.interrupt }),
       },
     );
     return { kind: 'turn', turn };
@@ -467,6 +557,16 @@ export interface TurnArgs extends AgentStepArgs {
    * (see {@link TurnResult.ahead}). @defaultValue false: nothing is prepared
    */
   prepareNext?: boolean;
+  /**
+   * A step with an inbox: where its signals are read, and the run's cursors of the inbox's name
+   * (`from`) and of `end` (`endFrom`).
+   */
+  inbox?: { reader: InboxReader; from: number; endFrom: number };
+  /**
+   * A step with `onBusy: 'interrupt'`: `listen()` while its model call is in flight; the signal
+   * it returns aborts when a message of the inbox is sent.
+   */
+  interrupt?: { listen(): { signal: AbortSignal; stop(): void } };
 }
 
 /** What a granular turn came to; the caller commits it. */
@@ -477,6 +577,12 @@ export interface TurnResult {
   fingerprint: string;
   /** The step's result when the reply was a final answer; null when the loop goes on. */
   final: AgentResult | null;
+  /** The inbox signals the turn took as user messages (before its model call), in send order. */
+  taken: StoredSignal[];
+  /** A conversation's `end` signal, taken: the step ends with `final`. */
+  end?: StoredSignal;
+  /** A conversation waits for its next message (no other is in its inbox yet). */
+  waits?: boolean;
   /** Ledger receipts the turn's commit must write (with `receiptsWithCommit`); else empty. */
   receipts: LedgerRecordOp[];
   /**
@@ -499,24 +605,55 @@ export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResu
   const { step, runId, turn, cursor } = args;
   const current = await checkFingerprint(deps, args);
   const history = cursor === 0 ? [] : await deps.histories.read(runId, step.id, cursor);
+  // The inbox: the signals the turn takes, the same ones a journaled reply answered.
+  const journaled = await (args.journaled ?? deps.journal.get(runId, step.id, turn));
+  let taken = await takenSignals(args, journaled);
+  if (step.conversation === true && taken.length === 0 && waitedBefore(history)) {
+    return wokenEmpty(deps, args, history, current.hash);
+  }
   const added: ChatMessage[] = turn === 0 ? [userMessage(args.input)] : [];
-  const { reply, known } = await replyOf(deps, args, [...history, ...added]);
-  added.push(reply.message);
+  const asked = { ...args, journaled: Promise.resolve(journaled) };
+  let replied: Awaited<ReturnType<typeof replyOf>> | undefined;
+  for (let tries = 0; replied === undefined; tries++) {
+    // onBusy 'interrupt': a message sent while the model call is in flight aborts it (never a
+    // tool call: they run on the turn's own signal), and the turn asks again with the message.
+    const listening =
+      journaled === null && tries < MAX_INTERRUPTS ? args.interrupt?.listen() : undefined;
+    const on =
+      listening === undefined
+        ? asked
+        : { ...asked, signal: AbortSignal.any([args.signal, listening.signal]) };
+    try {
+      const sent = [...history, ...added, ...taken.map(signalMessage)];
+      replied = await replyOf(deps, on, sent, taken.length);
+    } catch (error) {
+      if (listening?.signal.aborted !== true || args.signal.aborted) throw error;
+      taken = await takenSignals(args, null);
+    } finally {
+      listening?.stop();
+    }
+  }
+  const { reply, known } = replied;
+  if (args.inbox !== undefined && (reply.inboxTaken ?? 0) !== taken.length) {
+    // Another worker's reply to the same turn was journaled first: the signals it answered.
+    taken = await pendingSignals(
+      args.inbox.reader,
+      runId,
+      step.inbox!,
+      args.inbox.from,
+      reply.inboxTaken ?? 0,
+    );
+  }
+  added.push(...taken.map(signalMessage), reply.message);
   const calls = toolCallsOf(reply.message);
+  const base = { fingerprint: current.hash, receipts: [] as LedgerRecordOp[], taken };
   if (calls.length === 0) {
     const conversation = [...history, ...added];
-    const replies = await deps.journal.replies(runId, step.id, turn + 1);
-    return {
-      messages: added,
-      fingerprint: current.hash,
-      receipts: [],
-      final: {
-        answer: reply.message.content,
-        turns: turn + 1,
-        toolCalls: conversation.filter((m) => m.role === 'tool').length,
-        usage: totalUsage(replies),
-      },
-    };
+    const final = () => finalResult(deps, args, conversation, turn + 1);
+    if (step.conversation !== true || turn + 1 >= step.maxTurns) {
+      return { ...base, messages: added, final: await final() };
+    }
+    return { ...base, messages: added, ...(await afterReply(args, taken.length, final)) };
   }
   // Tools: each call through the ledger, the last read-only receipt left for the commit.
   const receipts: LedgerRecordOp[] = [];
@@ -525,10 +662,93 @@ export async function takeTurn(deps: TurnDeps, args: TurnArgs): Promise<TurnResu
   const results = await runToolCalls(deps, context, calls, known, deferred);
   debugPoint(DebugPoint.afterTools, `${step.id}:${turn}`);
   added.push(...results);
-  const out: TurnResult = { messages: added, fingerprint: current.hash, final: null, receipts };
+  const out: TurnResult = { ...base, messages: added, final: null, receipts };
+  if (step.conversation === true && calls.some((c) => c.name === END)) {
+    // The model ended the conversation: its last reply is the step's output.
+    out.final = await finalResult(deps, args, [...history, ...added], turn + 1);
+    return out;
+  }
   const ahead = await prepareNext(deps, args, [...history, ...added]);
   if (ahead !== undefined) out.ahead = ahead;
   return out;
+}
+
+/**
+ * The inbox signals a turn takes as user messages, from the run's cursor of the inbox's name: as
+ * many as a journaled reply of the turn answered, else every one sent so far.
+ */
+function takenSignals(args: TurnArgs, journaled: ModelReply | null): Promise<StoredSignal[]> {
+  const { inbox, step, runId } = args;
+  if (inbox === undefined || step.inbox === undefined) return Promise.resolve([]);
+  const count = journaled === null ? undefined : (journaled.inboxTaken ?? 0);
+  return pendingSignals(inbox.reader, runId, step.inbox, inbox.from, count);
+}
+
+/** The history ends with a reply without tool calls: a conversation that waited for a message. */
+function waitedBefore(history: readonly ChatMessage[]): boolean {
+  const last = history[history.length - 1];
+  return last?.role === 'assistant' && toolCallsOf(last).length === 0;
+}
+
+/**
+ * A conversation woken with no message to take: an `end` signal ends it (its last reply is the
+ * output; no model call), else it waits again.
+ */
+async function wokenEmpty(
+  deps: TurnDeps,
+  args: TurnArgs,
+  history: ChatMessage[],
+  fingerprint: string,
+): Promise<TurnResult> {
+  const base = { messages: [], fingerprint, receipts: [], taken: [] };
+  const end = await endSignal(args);
+  if (end === null) return { ...base, final: null, waits: true };
+  return { ...base, final: await finalResult(deps, args, history, args.turn), end };
+}
+
+/** The `end` signal the conversation may take now, or null. */
+async function endSignal(args: TurnArgs): Promise<StoredSignal | null> {
+  const { inbox, runId } = args;
+  return inbox === undefined ? null : inbox.reader.read(runId, END, inbox.endFrom);
+}
+
+/**
+ * A conversation's reply without tool calls: an `end` signal ends the step, a message sent while
+ * the model answered is taken by the next turn at once, else the step waits for its next message.
+ */
+async function afterReply(
+  args: TurnArgs,
+  taken: number,
+  final: () => Promise<AgentResult>,
+): Promise<Pick<TurnResult, 'final' | 'end' | 'waits'>> {
+  const { inbox, runId, step } = args;
+  const end = await endSignal(args);
+  if (end !== null) return { final: await final(), end };
+  const next = await inbox!.reader.read(runId, step.inbox!, inbox!.from + taken);
+  return { final: null, waits: next === null };
+}
+
+/** The step's result: its last reply's text, with its turns, tool calls and usage. */
+async function finalResult(
+  deps: TurnDeps,
+  args: TurnArgs,
+  conversation: readonly ChatMessage[],
+  turns: number,
+): Promise<AgentResult> {
+  const replies = await deps.journal.replies(args.runId, args.step.id, turns);
+  let answer: string | null = null;
+  for (let i = conversation.length - 1; i >= 0 && answer === null; i--) {
+    const m = conversation[i]!;
+    if (m.role === 'assistant' && typeof m.content === 'string' && m.content !== '') {
+      answer = m.content;
+    }
+  }
+  return {
+    answer,
+    turns,
+    toolCalls: conversation.filter((m) => m.role === 'tool').length,
+    usage: totalUsage(replies),
+  };
 }
 
 /**
@@ -568,6 +788,7 @@ async function replyOf(
   deps: TurnDeps,
   args: TurnArgs,
   conversation: ChatMessage[],
+  inboxTaken: number,
 ): Promise<{ reply: ModelReply; known?: ReadonlyMap<string, Promise<LedgerEntry | null>> }> {
   const { agent, step, runId, tenantId, turn } = args;
   const journaled = await (args.journaled ?? deps.journal.get(runId, step.id, turn));
@@ -586,7 +807,8 @@ async function replyOf(
   } = {};
   const journal = (fresh: ModelReply): Promise<RecordedReply> => {
     debugPoint(DebugPoint.afterModelReply, `${step.id}:${turn}`);
-    const recording = deps.journal.record(runId, step.id, turn, fresh);
+    const reply = args.inbox === undefined ? fresh : { ...fresh, inboxTaken };
+    const recording = deps.journal.record(runId, step.id, turn, reply);
     recording.catch(() => {}); // met below
     // Sent with the journal write: what the ledger holds for the reply's read-only calls.
     const where = { agent, runId, stepId: step.id, tenantId, turn };

@@ -14,6 +14,10 @@
  *    signal twice or loses one); a timer that is due fires (`step.succeeded` with `{ firedAt }`);
  *    a signal wait past its due time fails final (`wait_timeout`).
  *
+ * A conversation step (a granular agent step with `conversation: true`) waits in WAITING too,
+ * between its turns; its wake commits `wait.woken` (WAITING → READY) when a message or an `end`
+ * signal is there to take, and the next turn takes it (see `turn.ts`).
+ *
  * Every commit is compare-and-set like any unit's: a lost race reloads and decides again, and a
  * duplicate wake finds the step done. A commit that ends a wait removes its timer job.
  */
@@ -21,7 +25,8 @@ import { WaitTimeoutError } from '../errors.js';
 import type { JsonValue } from '../internal/json.js';
 import type { RunSnapshot, StepState } from '../machines/kernel.js';
 import type { SnapshotEnvelope } from '../persistence/codec.js';
-import type { WaitStep } from '../plan/schema.js';
+import type { AgentStep, WaitStep } from '../plan/schema.js';
+import { END } from '../execution/conversation.js';
 import type { RunEvent } from '../schemas/events.js';
 import type { JobData } from './jobs.js';
 import { afterCommit, failed, type Admitted, type UnitHost } from './unit.js';
@@ -87,14 +92,19 @@ async function settleWait(
     }
     const meta = await core.meta.read(runId);
     const step = meta.plan.steps.find((s) => s.id === data.stepId);
-    if (step?.kind !== 'wait') return 'not-a-wait';
-    const decision = await decide(host, runId, step, state, env);
+    const talks = step?.kind === 'agent' && step.conversation === true;
+    if (step?.kind !== 'wait' && !talks) return 'not-a-wait';
+    const decision =
+      step.kind === 'wait'
+        ? await decide(host, runId, step, state, env)
+        : await wakeConversation(host, runId, step, state, env);
     if ('idle' in decision) return 'waiting';
     if ('laterMs' in decision) return { retryAfterMs: decision.laterMs };
     const applied = await core.host.apply(runId, decision.events, env);
     if (!applied.committed) continue;
     await core.queues.removeTimers(runId, applied.transition.changes);
     await core.queues.enqueuePlanned(runId, applied);
+    if (step.kind !== 'wait') return 'woken';
     const started = decision.events[0]?.type === 'wait.started';
     if (started && step.for.signal !== undefined) {
       const wakes = await core.queues.signalWakes(runId, applied.envelope.snapshot);
@@ -172,4 +182,26 @@ async function decide(
   }
   if (ready) return { events: [{ type: 'wait.started', stepId, attempt, dueAt, at: now }] };
   return { laterMs: dueAt - now };
+}
+
+/**
+ * A conversation step waiting for its next message: woken (WAITING → READY, its next turn due)
+ * when a message of its inbox or an `end` signal is there to take. The turn takes it.
+ */
+async function wakeConversation(
+  host: UnitHost,
+  runId: string,
+  step: AgentStep,
+  state: StepState,
+  env: SnapshotEnvelope<RunSnapshot>,
+): Promise<WaitDecision> {
+  const { inbox } = host.core.stores;
+  const taken = env.snapshot.context.taken;
+  const names = [step.inbox!, END];
+  for (const name of names) {
+    if ((await inbox.read(runId, name, taken?.[name] ?? 0)) === null) continue;
+    const { stepId, attempt } = state;
+    return { events: [{ type: 'wait.woken', stepId, attempt, at: host.core.clock() }] };
+  }
+  return { idle: true };
 }

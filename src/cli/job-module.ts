@@ -268,10 +268,12 @@ function checkSignals(name: string, signals: unknown, plan: Plan): Record<string
   }
   const declared = Object.keys(signals);
   for (const step of plan.steps) {
-    const wanted = step.kind === 'wait' ? step.for.signal : undefined;
+    const wanted =
+      step.kind === 'wait' ? step.for.signal : step.kind === 'agent' ? step.inbox : undefined;
     if (wanted === undefined || declared.length === 0 || declared.includes(wanted)) continue;
+    const field = step.kind === 'wait' ? 'for.signal' : 'inbox';
     badInput(
-      `job module ${name}: step "${step.id}" waits for signal "${wanted}", which signals does not declare (it declares: ${declared.join(', ')}); declare it, or fix the step's for.signal`,
+      `job module ${name}: step "${step.id}" waits for signal "${wanted}", which signals does not declare (it declares: ${declared.join(', ')}); declare it, or fix the step's ${field}`,
     );
   }
   return signals as Record<string, SignalSchema>;

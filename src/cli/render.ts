@@ -258,7 +258,10 @@ export function eventLine(e: StoredRunEvent, options: RenderOptions = {}): strin
       detail = `"${s('name')}" #${Number(d['index']) + 1} (seq ${s('seq')}${d['id'] === null ? '' : `, id ${s('id')}`}): ${preview(d['payload'], 80, full)}`;
       break;
     case 'signal.taken':
-      detail = `${s('stepId')} attempt ${s('attempt')}: "${s('name')}" #${Number(d['index']) + 1} (seq ${s('seq')})`;
+      detail = `${s('stepId')} attempt ${s('attempt')}${d['turn'] === undefined ? '' : ` turn ${s('turn')}`}: "${s('name')}" #${Number(d['index']) + 1} (seq ${s('seq')})`;
+      break;
+    case 'wait.woken':
+      detail = `${s('stepId')} attempt ${s('attempt')}: a message to take`;
       break;
     case 'tool.called':
       detail = `${unitOf(d)}: ${s('tool')} (${s('class')}) ${toolVerdict(d)}${d['error'] === undefined ? '' : ` ${s('error')}`}, ${duration(Number(d['durationMs']))}; call ${callIdText(s('callId'), full)}`;

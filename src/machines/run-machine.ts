@@ -309,13 +309,14 @@ export const runMachine = setup({
       return view !== undefined && !isFinalStepStatus(view.status);
     },
     // A wait step takes the next signal of its name, and no other: the cursor of that name is the
-    // signal's index, and the step still waits for it in this attempt.
+    // signal's index, and the step still waits for it in this attempt (or, a granular agent step
+    // with an inbox, is between its turns in this attempt).
     isNextSignal: ({ context, event }) => {
       if (event.type !== 'signal.taken') return false;
       const view = context.steps[event.stepId];
       return (
         view !== undefined &&
-        (view.status === 'WAITING' || view.status === 'READY') &&
+        (view.status === 'WAITING' || view.status === 'READY' || view.status === 'RUNNING') &&
         view.attempt === event.attempt &&
         (context.taken?.[event.name] ?? 0) === event.index
       );
@@ -420,6 +421,7 @@ export const runMachine = setup({
     'retry.due': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
     'turn.committed': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
     'wait.started': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
+    'wait.woken': { guard: 'isStepOpen', actions: { type: 'toStep', params: forward } },
     // The step's success with the signal's payload is committed with it, as the next event.
     'signal.taken': {
       guard: 'isNextSignal',

@@ -12,6 +12,7 @@ import type {
   ToolApprovalRequestedEvent,
   TurnCommittedEvent,
   WaitStartedEvent,
+  WaitWokenEvent,
 } from '../schemas/events.js';
 import {
   StepReason,
@@ -71,6 +72,7 @@ export type StepEvent =
   | RetryDueEvent
   | TurnCommittedEvent
   | WaitStartedEvent
+  | WaitWokenEvent
   | DepsMetEvent
   | DepsFailedEvent
   | StepCancelEvent;
@@ -452,6 +454,12 @@ export const stepMachine = setup({
       on: {
         'step.succeeded': { guard: 'isCurrentAttempt', target: 'SUCCEEDED', actions: 'succeed' },
         'step.failed': { guard: 'isCurrentAttempt', target: 'FAILED_FINAL', actions: 'failFinal' },
+        // A conversation step with a message to take: its next turn is due.
+        'wait.woken': {
+          guard: 'isCurrentAttempt',
+          target: 'READY',
+          actions: assign({ wait: null, updatedAt: ({ event }) => event.at }),
+        },
         'step.skipped': { guard: 'isSkipRequest', target: 'SKIPPED', actions: 'close' },
         'step.cancel': { target: 'CANCELLED', actions: 'close' },
       },

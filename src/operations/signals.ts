@@ -174,6 +174,8 @@ export async function appendSignal(
   const now = await core.host.load(runId);
   const wakes = await core.queues.signalWakes(runId, now.snapshot);
   if (wakes.length > 0) await core.queues.add(wakes);
+  // A granular step in a model call whose inbox takes this signal may interrupt the call.
+  await core.queues.publishInterrupts(runId, now.snapshot, name);
   return {
     runId,
     name,

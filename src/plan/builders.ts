@@ -74,6 +74,25 @@ export interface AgentStepOptions extends Omit<StepOptions, 'input'>, AgentLoopO
    * @defaultValue `'atomic'`
    */
   mode?: 'atomic' | 'granular';
+  /**
+   * Granular steps only: the signals of this name sent to the run join the step's history as
+   * user messages at its next turn boundary, each once, in send order.
+   */
+  inbox?: string;
+  /**
+   * Granular steps with an `inbox` only: a reply without tool calls waits for the next message
+   * instead of ending the step; the step ends when the model calls the `end` tool, when an `end`
+   * signal arrives, or at `maxTurns`.
+   * @defaultValue `false`
+   */
+  conversation?: boolean;
+  /**
+   * Granular steps with an `inbox` only: a message sent while a model call is in flight waits for
+   * the turn boundary (`queue`), or aborts that call (never a tool call) and the turn is taken
+   * again with it (`interrupt`).
+   * @defaultValue `'queue'`
+   */
+  onBusy?: 'queue' | 'interrupt';
 }
 
 /** Options of {@link Step.granular}: as {@link AgentStepOptions}, the mode fixed to `granular`. */

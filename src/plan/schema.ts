@@ -238,6 +238,29 @@ export const agentStepSchema = z
      * instead of failing, for results of idempotent tools only.
      */
     degradedReplay: z.boolean().default(false),
+    /**
+     * Granular steps only: the signals of this name sent to the run are appended to the step's
+     * history as user messages at the next turn boundary, each once, in send order.
+     */
+    inbox: z
+      .string()
+      .regex(STEP_ID_PATTERN, {
+        error: (issue) =>
+          `signal name ${JSON.stringify(issue.input)} is not allowed: use 1 to 128 letters, digits, "_", "." or "-", starting with a letter or digit`,
+      })
+      .optional(),
+    /**
+     * Granular steps with an `inbox` only: a reply without tool calls does not end the step, which
+     * waits for its next message; it ends with the agent's `end` tool, an `end` signal, or at
+     * `maxTurns`.
+     */
+    conversation: z.boolean().optional(),
+    /**
+     * Granular steps with an `inbox` only: what a message does while a model call is in flight:
+     * wait for the turn boundary (`queue`, when absent), or abort the call and take the turn
+     * again with it.
+     */
+    onBusy: z.enum(['queue', 'interrupt']).optional(),
   })
   .strict();
 
@@ -514,6 +537,68 @@ export function checkPlanSemantics(plan: unknown): PlanSemanticIssue[] {
       message:
         'only granular agent steps take the turn\'s idempotency key: set mode: "granular", or leave enforceIdempotency out (atomic steps pass ctx.idempotencyKey, the call\'s own key)',
     });
+  });
+
+  // An inbox is read at turn boundaries, which only granular steps have; a conversation waits on
+  // its inbox.
+  steps.forEach((step: unknown, i) => {
+    if (!isRecord(step) || step.kind !== 'agent') return;
+    const granular = step.mode === 'granular';
+    for (const field of ['inbox', 'conversation', 'onBusy'] as const) {
+      const set = field === 'conversation' ? step.conversation === true : step[field] !== undefined;
+      if (!set || granular) continue;
+      issues.push({
+        path: ['steps', i, field],
+        message: `only granular agent steps take ${field} (it is read at turn boundaries): set mode: "granular", or remove ${field}`,
+      });
+    }
+    if (granular && step.onBusy !== undefined && step.inbox === undefined) {
+      issues.push({
+        path: ['steps', i, 'onBusy'],
+        message:
+          'onBusy says what a message of the inbox does while a model call is in flight: name its signal with inbox, or remove onBusy',
+      });
+    }
+    if (granular && step.conversation === true && step.inbox === undefined) {
+      issues.push({
+        path: ['steps', i, 'inbox'],
+        message:
+          'a conversation waits for the messages of its inbox: name its signal with inbox, or remove conversation',
+      });
+    }
+    if (step.inbox === 'end' && step.conversation === true) {
+      issues.push({
+        path: ['steps', i, 'inbox'],
+        message:
+          'the signal "end" ends a conversation and cannot be its inbox: name the messages\' signal otherwise',
+      });
+    }
+  });
+
+  // A signal name read by an inbox is read by that step alone (a wait step or another inbox would
+  // take its messages), and one conversation at most listens for `end`.
+  const readers = new Map<string, number>();
+  let talking: number | undefined;
+  steps.forEach((step: unknown, i) => {
+    if (!isRecord(step)) return;
+    const name =
+      step.kind === 'agent' ? step.inbox : isRecord(step.for) ? step.for.signal : undefined;
+    if (typeof name !== 'string') return;
+    const first = readers.get(name);
+    if (first === undefined) readers.set(name, i);
+    else if (step.kind === 'agent' || (steps[first] as Record<string, unknown>).kind === 'agent') {
+      issues.push({
+        path: step.kind === 'agent' ? ['steps', i, 'inbox'] : ['steps', i, 'for', 'signal'],
+        message: `signal "${name}" is already read by steps[${first}]; an agent step's inbox is read by that step alone: give each its own signal name`,
+      });
+    }
+    if (step.kind !== 'agent' || step.conversation !== true) return;
+    if (talking !== undefined) {
+      issues.push({
+        path: ['steps', i, 'conversation'],
+        message: `a plan has one conversation step at most (steps[${talking}] is one; the signal "end" ends it): make this step a granular step with an inbox, without conversation`,
+      });
+    } else talking = i;
   });
 
   // Key inputs key the tool calls an operator makes through ctx.tools; no other kind makes them.

@@ -159,6 +159,14 @@ export const waitStartedSchema = z
   .strict();
 
 /**
+ * A conversation step (a granular agent step that waits for the messages of its inbox) goes on
+ * (WAITING → READY): a message, or an `end` signal, is in its inbox. Its next turn takes it.
+ */
+export const waitWokenSchema = z
+  .object({ type: z.literal('wait.woken'), stepId, attempt, at })
+  .strict();
+
+/**
  * Wait step `stepId` takes the signal `name` number `index` (0-based, in send order among the
  * signals of that name): the run's cursor for `name` moves past it. Accepted only when `index` is
  * the cursor, so a signal is taken once; committed with the step's `step.succeeded`.
@@ -168,6 +176,8 @@ export const signalTakenSchema = z
     type: z.literal('signal.taken'),
     stepId,
     attempt,
+    /** The turn of a granular agent step that took it as a message, or ended with it. */
+    turn: z.number().int().nonnegative().optional(),
     name: z.string().min(1),
     index: z.number().int().nonnegative(),
     /** The signal's place in the run's inbox, all names together (1-based). */
@@ -221,6 +231,7 @@ export const runEventSchema = z.discriminatedUnion('type', [
   retryDueSchema,
   turnCommittedSchema,
   waitStartedSchema,
+  waitWokenSchema,
   signalTakenSchema,
   runCancelledSchema,
   runStoppedSchema,
@@ -246,6 +257,8 @@ export type RetryDueEvent = z.infer<typeof retryDueSchema>;
 export type TurnCommittedEvent = z.infer<typeof turnCommittedSchema>;
 /** A wait step started waiting (`wait.started`). */
 export type WaitStartedEvent = z.infer<typeof waitStartedSchema>;
+/** A conversation step goes on with a message (`wait.woken`). */
+export type WaitWokenEvent = z.infer<typeof waitWokenSchema>;
 /** A wait step took a signal (`signal.taken`). */
 export type SignalTakenEvent = z.infer<typeof signalTakenSchema>;
 /** Cancellation of the whole run was requested (`run.cancelled`). */

@@ -80,6 +80,11 @@ export const modelReplySchema = z.object({
   requestId: z.string().optional(),
   /** The usage reservation the call was charged to, when it was metered. */
   reservationId: z.string().optional(),
+  /**
+   * A granular turn of a step with an inbox: how many of its inbox's signals the turn took as user
+   * messages before this call (so a turn taken again after a crash takes the same ones).
+   */
+  inboxTaken: z.number().int().nonnegative().optional(),
 });
 /** One model call's result, as journaled before any tool runs. */
 export type ModelReply = z.infer<typeof modelReplySchema>;
