@@ -434,6 +434,22 @@ export function createRunHost({
     return result;
   }
 
+  /**
+   * The state an apply decides on first: the state this host committed after the caller loaded
+   * it (commits of one run from this host go one at a time), which is newer and which the
+   * compare-and-set checks is still stored; else the caller's, else the stored one.
+   */
+  async function startingState(
+    runId: string,
+    loaded: SnapshotEnvelope<RunSnapshot> | undefined,
+  ): Promise<SnapshotEnvelope<RunSnapshot>> {
+    const held = open.last(runId);
+    if (held !== undefined && loaded !== undefined && held.version > loaded.version) {
+      return heldEnvelope(held);
+    }
+    return loaded ?? store.load(runId, WITHOUT_OUTPUTS);
+  }
+
   /** {@link RunHost.apply}, once the run's earlier commits from this host are done. */
   async function applyNow(
     runId: string,
@@ -444,13 +460,7 @@ export function createRunHost({
   ): Promise<AppliedEvent> {
     {
       const events: readonly RunEvent[] = Array.isArray(event) ? event : [event as RunEvent];
-      const held = open.last(runId);
-      // The state this host committed after the caller loaded it (commits of one run from this
-      // host go one at a time): it is newer, and the compare-and-set checks it is still stored.
-      let envelope =
-        held !== undefined && loaded !== undefined && held.version > loaded.version
-          ? heldEnvelope(held)
-          : (loaded ?? (await store.load(runId, WITHOUT_OUTPUTS)));
+      let envelope = await startingState(runId, loaded);
       for (let conflicts = 0; ; conflicts++) {
         const { snapshot } = envelope;
         const valid = events.map((e) =>
