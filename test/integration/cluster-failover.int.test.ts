@@ -23,6 +23,7 @@ import {
   type PlanInput,
   type Runtime,
 } from '../../src/index.js';
+import type { Logger } from '../../src/logging.js';
 import { keySlot } from '../../src/persistence/key-slot.js';
 import { runtimeCore } from '../../src/runtime.js';
 import { startRedisCluster, type TestRedisCluster } from '../helpers/redis-cluster.js';
@@ -76,6 +77,8 @@ const plan: PlanInput = {
   })),
 };
 
+const quiet: Logger = { debug() {}, info() {}, warn() {}, error() {} };
+
 function build(): Runtime {
   const client = new Cluster(cluster.seeds, {
     redisOptions: { maxRetriesPerRequest: 1 },
@@ -86,6 +89,8 @@ function build(): Runtime {
     redis: client,
     prefix,
     redisTimeoutMs: 5000,
+    // The warnings a failover brings (Redis trouble in a step, retried) are expected here.
+    logger: quiet,
     durability: { replicas: Number(process.env['FAILOVER_REPLICAS'] ?? 1), timeoutMs: 250 },
   })
     .tool(sendEmail)
