@@ -53,6 +53,17 @@ import {
 } from './operations/registration.js';
 import { replayRun } from './operations/replay.js';
 import { attachRun, beginRun, type RunHandle } from './operations/starting.js';
+import {
+  defineSchedule,
+  listSchedules,
+  pauseSchedule,
+  removeSchedule,
+  resumeSchedule,
+  triggerSchedule,
+  type ScheduleInfo,
+} from './schedules/api.js';
+import type { ScheduleOptions } from './schedules/definition.js';
+import type { ScheduleFire } from './schedules/store.js';
 
 export type { StartOptions };
 export type { DecisionInput, SkipInput } from './operations/decisions.js';
@@ -64,6 +75,9 @@ export {
   type StepProgress,
 } from './operations/reading.js';
 export type { RunHandle } from './operations/starting.js';
+export type { ScheduleInfo } from './schedules/api.js';
+export type { OverlapPolicy, ScheduleOptions } from './schedules/definition.js';
+export type { FireOutcome, ScheduleFire } from './schedules/store.js';
 
 /** Options of {@link createRuntime}. */
 export interface RuntimeOptions extends CoreOptions {
@@ -215,6 +229,24 @@ export interface Runtime {
     resolution: { succeeded: JsonValue } | { retry: true },
     by: string,
   ): Promise<LedgerEntry>;
+  /**
+   * Defines (or redefines) schedule `id`: each fire of `cron` (in `tz`) or of `everyMs` starts one
+   * run of `plan` with `input`, whose id is derived from the schedule and the fire time
+   * (`schedule:<id>:<fire ms>`), so that any number of workers start it once. Every option is
+   * checked first (`InputValidationError` naming the field; nothing written). A redefinition keeps
+   * the schedule's paused state and its recorded fires. Fires are taken by workers.
+   */
+  schedule(id: string, options: ScheduleOptions): Promise<ScheduleInfo>;
+  /** Every schedule of this prefix, by id, each with its next fire and its newest fires. */
+  schedules(): Promise<ScheduleInfo[]>;
+  /** Pauses a schedule: no fire until it is resumed. */
+  pauseSchedule(id: string): Promise<ScheduleInfo>;
+  /** Resumes a paused schedule from now on: the fires of the paused time are not run. */
+  resumeSchedule(id: string): Promise<ScheduleInfo>;
+  /** Removes a schedule (its runs go on). */
+  removeSchedule(id: string): Promise<void>;
+  /** Fires a schedule now (under its overlap policy, paused or not); returns the fire. */
+  triggerSchedule(id: string): Promise<ScheduleFire>;
   /** Starts a worker on this runtime's queue. */
   createWorker(options?: WorkerOptions): FlujoWorker;
   /** Closes the runtime's connections (not a Redis client passed in). */
@@ -238,6 +270,12 @@ const BOUNDED = [
   'setTenantQuota',
   'resolveToolCall',
   'list',
+  'schedule',
+  'schedules',
+  'pauseSchedule',
+  'resumeSchedule',
+  'removeSchedule',
+  'triggerSchedule',
 ] as const satisfies readonly (keyof Runtime)[];
 
 /**
@@ -298,6 +336,12 @@ export function createRuntime(options: RuntimeOptions): Runtime {
     setTenantQuota: (tenantId, quota) => setTenantQuota(core, tenantId, quota),
     resolveToolCall: (runId, callId, resolution, by) =>
       resolveToolCall(core, runId, callId, resolution, by),
+    schedule: (id, o) => defineSchedule(core, id, o),
+    schedules: () => listSchedules(core),
+    pauseSchedule: (id) => pauseSchedule(core, id),
+    resumeSchedule: (id) => resumeSchedule(core, id),
+    removeSchedule: (id) => removeSchedule(core, id),
+    triggerSchedule: (id) => triggerSchedule(core, id),
     createWorker: (o) => startWorker(core, o),
     close: () => core.close(),
   };

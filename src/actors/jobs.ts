@@ -16,6 +16,11 @@ export const JobName = {
   retry: 'retry',
   /** The run's wall-clock budget ran out: stop it if it is still going. */
   deadline: 'deadline',
+  /**
+   * A schedule fired (added by its BullMQ job scheduler), or a fire that waits for the previous
+   * run to end (`buffer_one`); its data is a `ScheduleJobData`, not a {@link JobData}.
+   */
+  schedule: 'schedule',
 } as const;
 /** A value of {@link JobName}. */
 export type JobName = (typeof JobName)[keyof typeof JobName];
