@@ -43,6 +43,11 @@ export interface Values {
   verbose?: boolean;
   /** `flujo init --no-node`. */
   'no-node'?: boolean;
+  cron?: string;
+  every?: string;
+  tz?: string;
+  overlap?: string;
+  'catchup-window'?: string;
 }
 
 /** A command's arguments and surroundings. */

@@ -31,6 +31,11 @@ import type { AgentDefinition } from '../agents/define-agent.js';
 import type { Runtime } from '../runtime.js';
 import { createToolRegistry } from '../tools/registry.js';
 import { badInput } from './exit-codes.js';
+import {
+  assertScheduleId,
+  checkScheduleOptions,
+  type ScheduleOptions,
+} from '../schedules/definition.js';
 import { projectRoot } from './connect.js';
 import { loadPricingFile, parsePricing, type PricingTable } from '../llm/pricing.js';
 
@@ -71,6 +76,8 @@ export interface JobModule {
   pricing: PricingTable | undefined;
   /** The module's `strictPricing`: a model without a price is refused before any request. */
   strictPricing: boolean;
+  /** The module's `schedules`, by id, each with the module's plan: `flujo worker` defines them. */
+  schedules: Record<string, ScheduleOptions>;
 }
 
 const isRecord = (v: unknown): v is Record<string, unknown> =>
@@ -127,7 +134,49 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
     setup: setup as JobModule['setup'],
     pricing,
     strictPricing: strictPricing === true,
+    schedules: checkSchedules(name, mod['schedules'], plan),
   };
+}
+
+/**
+ * The module's `schedules` export: `{ <id>: { cron | everyMs, tz?, input?, overlap?,
+ * catchupWindowMs?, plan? } }`, each checked as `runtime.schedule` checks it. `plan`, if given,
+ * names the module's plan; each schedule starts runs of that plan.
+ */
+function checkSchedules(
+  name: string,
+  exported: unknown,
+  plan: Plan,
+): Record<string, ScheduleOptions> {
+  if (exported === undefined) return {};
+  const example = "e.g. `export const schedules = { nightly: { cron: '0 2 * * *' } }`";
+  if (!isRecord(exported)) badInput(`job module ${name}: schedules must be an object, ${example}`);
+  const out: Record<string, ScheduleOptions> = {};
+  for (const [id, entry] of Object.entries(exported)) {
+    if (!isRecord(entry))
+      badInput(`job module ${name}: schedules.${id} must be an object, ${example}`);
+    const { plan: named, ...rest } = entry;
+    if (named !== undefined && named !== plan.name) {
+      badInput(
+        `job module ${name}: schedules.${id}.plan names plan ${JSON.stringify(named)}, but the module's plan is "${plan.name}"; name it or leave plan out`,
+      );
+    }
+    const options = { ...rest, plan };
+    try {
+      assertScheduleId(id);
+      checkScheduleOptions(options);
+    } catch (error) {
+      badInput(`job module ${name}: schedules.${id}: ${firstLine(error)} ${issuesText(error)}`);
+    }
+    out[id] = options;
+  }
+  return out;
+}
+
+/** The issues of an `InputValidationError`, on one line. */
+function issuesText(error: unknown): string {
+  if (!(error instanceof InputValidationError)) return '';
+  return error.issues.map((i) => `${i.path}: ${i.message}`).join('; ');
 }
 
 /**
@@ -237,6 +286,7 @@ export const JOB_EXPORTS = [
   'setup',
   'pricing',
   'strictPricing',
+  'schedules',
 ] as const;
 
 /** Edit distance of two short names (case-insensitive). */

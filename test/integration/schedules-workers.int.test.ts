@@ -1,0 +1,131 @@
+/**
+ * Schedules across `flujo worker` processes: two workers define the job module's schedule (every
+ * 300 ms) and take its fires, one is SIGKILLed midway; each fire starts one run, counted by the
+ * runs' derived ids and the operator's calls. Then `flujo schedule` add, list, pause, resume,
+ * trigger and remove, and its refusals (exit 2, the field named, nothing written).
+ */
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createRuntime, type Runtime, type ScheduleInfo } from '../../src/runtime.js';
+import { runFlujo, startFlujo } from '../helpers/cli.js';
+import { connect, deleteRuntimeKeys, readPrefix, redisUrl, testPrefix } from '../helpers/redis.js';
+
+const JOB = 'test/fixtures/jobs/scheduled.ts';
+
+let redis: Redis;
+let scratch: string;
+const prefixes: string[] = [];
+const runtimes: Runtime[] = [];
+
+function runtimeOn(prefix: string): Runtime {
+  const runtime = createRuntime({ redis: redisUrl(), prefix });
+  runtimes.push(runtime);
+  return runtime;
+}
+
+beforeAll(() => {
+  redis = connect();
+  scratch = mkdtempSync(join(tmpdir(), 'flujo-schedules-'));
+});
+afterAll(async () => {
+  for (const runtime of runtimes) await runtime.close();
+  for (const prefix of prefixes) await deleteRuntimeKeys(prefix);
+  redis.disconnect();
+  rmSync(scratch, { recursive: true, force: true });
+});
+
+describe('schedules on flujo worker processes', { timeout: 90_000 }, () => {
+  it('two workers, one SIGKILLed midway: one run per fire, each run once', async () => {
+    const prefix = testPrefix();
+    prefixes.push(prefix);
+    const calls = join(scratch, 'calls');
+    const worker = () =>
+      startFlujo(['worker', JOB, '--concurrency', '4'], {
+        prefix,
+        env: { SCHEDULE_CALLS: calls },
+      });
+    const a = worker();
+    const b = worker();
+    const ready = (w: typeof a) => w.out().includes('flujo worker: processing runs');
+    await expect.poll(() => ready(a) && ready(b), { timeout: 30_000 }).toBe(true);
+    const runtime = runtimeOn(prefix);
+    await sleep(1000);
+    a.child.kill('SIGKILL');
+    await sleep(1200);
+    await runtime.pauseSchedule('beat');
+    await sleep(1500);
+    b.child.kill('SIGTERM');
+    await Promise.all([a.done, b.done]);
+    const [info] = (await runtime.schedules()) as [ScheduleInfo];
+    const started = info.fires.filter((f) => f.outcome === 'started');
+    // ~2.2 s at one fire per 300 ms.
+    expect(started.length).toBeGreaterThanOrEqual(5);
+    expect(started.length).toBeLessThanOrEqual(9);
+    expect(new Set(info.fires.map((f) => f.at)).size).toBe(info.fires.length);
+    for (const f of started) expect(f.runId).toBe(`schedule:beat:${f.at}`);
+    const runIds = started.map((f) => f.runId!).sort();
+    const runs = await runtime.list({ plan: 'scheduled' });
+    expect(runs.map((r) => r.runId).sort()).toEqual(runIds);
+    for (const run of runs) expect(run.status).toBe('succeeded');
+    const called = readFileSync(calls, 'utf8')
+      .split('\n')
+      .filter((l) => l !== '');
+    expect([...new Set(called)].sort()).toEqual(runIds);
+    // A unit whose worker was killed while it ran may run once more on the other worker.
+    expect(called.length - runIds.length).toBeLessThanOrEqual(1);
+  });
+
+  it('flujo schedule add, list, pause, resume, trigger, remove; bad input exits 2 writing nothing', async () => {
+    const prefix = testPrefix();
+    prefixes.push(prefix);
+    const flujo = (...args: string[]) => runFlujo(['schedule', ...args], { prefix });
+    const added = await flujo('add', 'nightly', JOB, '--cron', '0 2 * * *', '--tz', 'Europe/Paris');
+    expect(added.code, added.err).toBe(0);
+    expect(added.out).toContain('nightly  active  cron "0 2 * * *" Europe/Paris  plan scheduled');
+    const everything = async () => ({
+      ...(await readPrefix(redis, `${prefix}:`)),
+      ...(await readPrefix(redis, `{${prefix}:q}`)),
+      ...(await readPrefix(redis, `{${prefix}:schedules}`)),
+    });
+    const before = await everything();
+    const refused: [string[], RegExp][] = [
+      [['add', 'x', JOB, '--cron', '99 * * * *'], /cron: "99 \* \* \* \*" does not parse/],
+      [
+        ['add', 'x', JOB, '--cron', '* * * * *', '--every', '1000'],
+        /cron: give cron or everyMs, not both/,
+      ],
+      [['add', 'x', JOB, '--every', '1000', '--overlap', 'queue'], /overlap: must be one of/],
+      [['add', 'x', JOB, '--cron', '* * * * *', '--tz', 'Nowhere/City'], /tz: unknown time zone/],
+      [['add', 'x', JOB, '--every', '1000', '--catchup-window', '10'], /catchupWindowMs: must be/],
+      [['add', 'x', JOB], /cron: missing/],
+      [['pause', 'nope'], /id: no schedule "nope"/],
+      [['frobnicate', 'x'], /unknown schedule command/],
+    ];
+    for (const [args, message] of refused) {
+      const result = await flujo(...args);
+      expect(result.code, args.join(' ')).toBe(2);
+      expect(result.err, args.join(' ')).toMatch(message);
+    }
+    expect(await everything()).toEqual(before);
+    const paused = await flujo('pause', 'nightly', '--json');
+    expect(JSON.parse(paused.out)).toMatchObject({ id: 'nightly', paused: true, nextFireAt: null });
+    const resumed = await flujo('resume', 'nightly', '--json');
+    expect(JSON.parse(resumed.out)).toMatchObject({ id: 'nightly', paused: false });
+    const triggered = await flujo('trigger', 'nightly', '--json');
+    const fire = JSON.parse(triggered.out) as { outcome: string; runId: string; manual: boolean };
+    expect(fire).toMatchObject({ outcome: 'started', manual: true });
+    expect(fire.runId).toMatch(/^schedule:nightly:manual-\d+$/);
+    const listed = await flujo('list');
+    expect(listed.out).toContain(`(trigger) started ${fire.runId}`);
+    const json = JSON.parse((await flujo('list', '--json')).out) as ScheduleInfo[];
+    expect(json.map((s) => [s.id, s.fires.length])).toEqual([['nightly', 1]]);
+    expect((await flujo('remove', 'nightly')).code).toBe(0);
+    expect((await flujo('list')).out.trim()).toBe('no schedules');
+    // The triggered run exists (no worker ran it here).
+    expect((await runtimeOn(prefix).list()).map((r) => r.runId)).toEqual([fire.runId]);
+  });
+});
