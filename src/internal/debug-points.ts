@@ -28,6 +28,8 @@ export const DebugPoint = {
   afterRequestSent: 'after-request-sent',
   /** A step attempt's result is decided; its commit is not yet sent. */
   beforeCommit: 'before-commit',
+  /** A schedule's fire is recorded `started`; its run is not yet created. */
+  afterFireRecorded: 'after-fire-recorded',
 } as const;
 /** A value of {@link DebugPoint}. */
 export type DebugPoint = (typeof DebugPoint)[keyof typeof DebugPoint];

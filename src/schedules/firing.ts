@@ -9,6 +9,7 @@
 import { FlujoError, RunAlreadyExistsError } from '../errors.js';
 import type { RuntimeCore } from '../actors/core.js';
 import { JobName } from '../actors/jobs.js';
+import { debugPoint, DebugPoint } from '../internal/debug-points.js';
 import { runStatus } from '../machines/kernel.js';
 import { launchRun } from '../worker/start-run.js';
 import { firesBetween, type ScheduleDefinition } from './definition.js';
@@ -140,6 +141,9 @@ export async function fireOnce(
     );
     if (result.kind === 'stale') continue;
     const recorded = result.fire;
+    if (result.kind === 'recorded' && recorded.outcome === 'started') {
+      debugPoint(DebugPoint.afterFireRecorded, def.id);
+    }
     if (recorded.outcome === 'started') await launch(core, def, recorded);
     else if (recorded.outcome === 'buffered') await addBufferedJob(core, def.id, recorded);
     return recorded;

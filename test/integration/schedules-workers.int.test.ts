@@ -1,6 +1,7 @@
 /**
  * Schedules across `flujo worker` processes: two workers define the job module's schedule (every
- * 300 ms) and take its fires, one is SIGKILLed midway; each fire starts one run, counted by the
+ * 300 ms) and take its fires, one is SIGKILLed midway (after it recorded a fire, before it
+ * created the fire's run); each fire starts one run, counted by the
  * runs' derived ids and the operator's calls. Then `flujo schedule` add, list, pause, resume,
  * trigger and remove, and its refusals (exit 2, the field named, nothing written).
  */
@@ -39,33 +40,41 @@ afterAll(async () => {
 });
 
 describe('schedules on flujo worker processes', { timeout: 90_000 }, () => {
-  it('two workers, one SIGKILLed midway: one run per fire, each run once', async () => {
+  it('two workers, one SIGKILLed between recording a fire and starting its run: one run per fire, each run once', async () => {
     const prefix = testPrefix();
     prefixes.push(prefix);
     const calls = join(scratch, 'calls');
-    const worker = () =>
+    const worker = (env: Record<string, string> = {}) =>
       startFlujo(['worker', JOB, '--concurrency', '4'], {
         prefix,
-        env: { SCHEDULE_CALLS: calls },
+        env: { SCHEDULE_CALLS: calls, ...env },
       });
-    const a = worker();
+    // Worker a kills itself (SIGKILL) after it records its second started fire, before it
+    // creates that fire's run.
+    const a = worker({ FLUJO_KILL_AT: 'after-fire-recorded@2' });
     const b = worker();
     const ready = (w: typeof a) => w.out().includes('flujo worker: processing runs');
     await expect.poll(() => ready(a) && ready(b), { timeout: 30_000 }).toBe(true);
     const runtime = runtimeOn(prefix);
-    await sleep(1000);
-    a.child.kill('SIGKILL');
-    await sleep(1200);
+    const died = await a.done;
+    expect(died.signal).toBe('SIGKILL');
+    const killedAt = Date.now();
+    await sleep(1500);
     await runtime.pauseSchedule('beat');
+    const pausedAt = Date.now();
     await sleep(1500);
     b.child.kill('SIGTERM');
     await Promise.all([a.done, b.done]);
     const [info] = (await runtime.schedules()) as [ScheduleInfo];
     const started = info.fires.filter((f) => f.outcome === 'started');
-    // ~2.2 s at one fire per 300 ms.
-    expect(started.length).toBeGreaterThanOrEqual(5);
-    expect(started.length).toBeLessThanOrEqual(9);
-    expect(new Set(info.fires.map((f) => f.at)).size).toBe(info.fires.length);
+    // Every fire from the first to the pause started a run: 300 ms apart, none twice or left out,
+    // before the kill and after it.
+    expect(started.length).toBe(info.fires.length);
+    const times = started.map((f) => f.at).sort((x, y) => x - y);
+    for (let i = 1; i < times.length; i++) expect(times[i]! - times[i - 1]!).toBe(300);
+    expect(times[0]!).toBeLessThan(killedAt - 300);
+    expect(times.at(-1)!).toBeGreaterThan(pausedAt - 700);
+    expect(started.length).toBeGreaterThanOrEqual(7);
     for (const f of started) expect(f.runId).toBe(`schedule:beat:${f.at}`);
     const runIds = started.map((f) => f.runId!).sort();
     const runs = await runtime.list({ plan: 'scheduled' });
