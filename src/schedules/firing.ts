@@ -140,6 +140,9 @@ export async function fireOnce(
       core.clock(),
     );
     if (result.kind === 'stale') continue;
+    if (result.kind === 'removed') {
+      return { ...decided.fire, outcome: 'skipped', reason: 'the schedule was removed' };
+    }
     const recorded = result.fire;
     if (result.kind === 'recorded' && recorded.outcome === 'started') {
       debugPoint(DebugPoint.afterFireRecorded, def.id);
@@ -221,6 +224,7 @@ async function startBuffered(
       now,
     );
     if (result.kind === 'stale') continue;
+    if (result.kind === 'removed') return 'no-schedule';
     await launch(core, def, started);
     return 'started';
   }

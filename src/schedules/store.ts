@@ -43,14 +43,15 @@ export interface ScheduleState {
 export const KEPT_FIRES = 50;
 
 /*
- * record: KEYS state, fires, fire-times. ARGV: 1 fire key, 2 fire time, 3 record JSON,
+ * record: KEYS state, fires, fire-times, defs. ARGV: 1 fire key, 2 fire time, 3 record JSON,
  * 4 expected lastRun, 5 expected buffered, 6 new lastRun ('' keep, '-' clear), 7 new buffered
  * ('' keep, '-' clear), 8 overwrite ('1': replace a recorded outcome), 9 fires kept, 10 compare
  * ('1': refuse unless lastRun and buffered are the expected ones), 11 clear lastRun if it is this
- * run, 12 now. Returns {'existing', json} (the fire was decided already), {'stale'} or
- * {'recorded', json}.
+ * run, 12 now, 13 the schedule id. Returns {'removed'} (no such schedule: nothing written),
+ * {'existing', json} (the fire was decided already), {'stale'} or {'recorded', json}.
  */
 const RECORD_LUA = `
+if redis.call('HEXISTS', KEYS[4], ARGV[13]) == 0 then return {'removed'} end
 if ARGV[8] ~= '1' then
   local existing = redis.call('HGET', KEYS[2], ARGV[1])
   if existing then return {'existing', existing} end
@@ -75,14 +76,16 @@ if n > keep then
   redis.call('ZREMRANGEBYRANK', KEYS[3], 0, n - keep - 1)
 end
 return {'recorded', ARGV[3]}`;
-const RECORD_COMMAND = 'flujoSchedule_record_v1';
+const RECORD_COMMAND = 'flujoSchedule_record_v2';
 
-/* advance: KEYS state. ARGV 1 a fire time: `last` becomes it if it is newer. */
+/* advance: KEYS state, defs. ARGV 1 a fire time, 2 the schedule id: `last` becomes the fire
+ * time if it is newer (nothing for a schedule removed meanwhile). */
 const ADVANCE_LUA = `
+if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 0 then return 0 end
 local last = tonumber(redis.call('HGET', KEYS[1], 'last') or '0')
 if tonumber(ARGV[1]) > last then redis.call('HSET', KEYS[1], 'last', ARGV[1]) end
 return 1`;
-const ADVANCE_COMMAND = 'flujoSchedule_advance_v1';
+const ADVANCE_COMMAND = 'flujoSchedule_advance_v2';
 
 type Script = (...args: string[]) => Promise<unknown>;
 
@@ -110,7 +113,9 @@ export interface RecordChange {
 
 /** What a record came to. */
 export type RecordResult =
-  { kind: 'recorded' | 'existing'; fire: ScheduleFire } | { kind: 'stale'; fire?: undefined };
+  | { kind: 'recorded' | 'existing'; fire: ScheduleFire }
+  | { kind: 'stale'; fire?: undefined }
+  | { kind: 'removed'; fire?: undefined };
 
 const change = (value: string | null | undefined) =>
   value === undefined ? '' : value === null ? '-' : value;
@@ -188,7 +193,8 @@ export class ScheduleStore {
   }
 
   /**
-   * Records a fire's outcome and changes the state as `how` says, atomically: unless `overwrite`,
+   * Records a fire's outcome and changes the state as `how` says, atomically (nothing for a
+   * schedule removed meanwhile: `removed`): unless `overwrite`,
    * a fire already decided keeps its outcome (returned as `existing`); with `expect`, a state
    * that moved on meanwhile refuses the record (`stale`: decide again from the new state).
    */
@@ -199,11 +205,12 @@ export class ScheduleStore {
     now: number,
   ): Promise<RecordResult> {
     const k = this.#keys;
-    const run = script(this.#redis, RECORD_COMMAND, RECORD_LUA, 3);
+    const run = script(this.#redis, RECORD_COMMAND, RECORD_LUA, 4);
     const reply = (await run(
       k.scheduleState(id),
       k.scheduleFires(id),
       k.scheduleFireTimes(id),
+      k.scheduleDefs(),
       fire.key,
       String(fire.at),
       JSON.stringify(fire),
@@ -216,21 +223,19 @@ export class ScheduleStore {
       how.expect === undefined ? '' : '1',
       how.clearRun ?? '',
       String(now),
+      id,
     )) as [string, string?];
     if (reply[0] === 'stale') return { kind: 'stale' };
+    if (reply[0] === 'removed') return { kind: 'removed' };
     return {
       kind: reply[0] as 'recorded' | 'existing',
       fire: JSON.parse(reply[1]!) as ScheduleFire,
     };
   }
 
-  /** Moves the state's `last` to `at` if that is newer. */
+  /** Moves the state's `last` to `at` if that is newer (and the schedule still exists). */
   async advance(id: string, at: number): Promise<void> {
-    await script(
-      this.#redis,
-      ADVANCE_COMMAND,
-      ADVANCE_LUA,
-      1,
-    )(this.#keys.scheduleState(id), String(at));
+    const run = script(this.#redis, ADVANCE_COMMAND, ADVANCE_LUA, 2);
+    await run(this.#keys.scheduleState(id), this.#keys.scheduleDefs(), String(at), id);
   }
 }
