@@ -10,7 +10,7 @@ import type { AgentDefinition } from './agents/define-agent.js';
 import type { JsonValue } from './internal/json.js';
 import type { PricingTable } from './llm/pricing.js';
 import type { PlanInput } from './plan/schema.js';
-import type { ScheduleOptions } from './schedules/definition.js';
+import type { ScheduleOptions } from './worker/schedule-definition.js';
 import type { ToolDefinition } from './tools/define-tool.js';
 
 /** The operator names the steps of plan `P` use. */

@@ -61,9 +61,9 @@ import {
   resumeSchedule,
   triggerSchedule,
   type ScheduleInfo,
-} from './schedules/api.js';
-import type { ScheduleOptions } from './schedules/definition.js';
-import type { ScheduleFire } from './schedules/store.js';
+} from './operations/schedules.js';
+import type { ScheduleOptions } from './worker/schedule-definition.js';
+import type { ScheduleFire } from './worker/schedule-store.js';
 
 export type { StartOptions };
 export type { DecisionInput, SkipInput } from './operations/decisions.js';
@@ -75,9 +75,9 @@ export {
   type StepProgress,
 } from './operations/reading.js';
 export type { RunHandle } from './operations/starting.js';
-export type { ScheduleInfo } from './schedules/api.js';
-export type { OverlapPolicy, ScheduleOptions } from './schedules/definition.js';
-export type { FireOutcome, ScheduleFire } from './schedules/store.js';
+export type { ScheduleInfo } from './operations/schedules.js';
+export type { OverlapPolicy, ScheduleOptions } from './worker/schedule-definition.js';
+export type { FireOutcome, ScheduleFire } from './worker/schedule-store.js';
 
 /** Options of {@link createRuntime}. */
 export interface RuntimeOptions extends CoreOptions {

@@ -35,7 +35,7 @@ import {
   assertScheduleId,
   checkScheduleOptions,
   type ScheduleOptions,
-} from '../schedules/definition.js';
+} from '../worker/schedule-definition.js';
 import { projectRoot } from './connect.js';
 import { loadPricingFile, parsePricing, type PricingTable } from '../llm/pricing.js';
 

@@ -3,9 +3,9 @@
  * the plan from a job module; the others need none (the plan is stored with the schedule). The
  * workers of the prefix (`flujo worker`) take the fires.
  */
-import type { ScheduleInfo } from '../../schedules/api.js';
-import type { OverlapPolicy, ScheduleOptions } from '../../schedules/definition.js';
-import type { ScheduleFire } from '../../schedules/store.js';
+import type { ScheduleInfo } from '../../operations/schedules.js';
+import type { OverlapPolicy, ScheduleOptions } from '../../worker/schedule-definition.js';
+import type { ScheduleFire } from '../../worker/schedule-store.js';
 import { connect } from '../connect.js';
 import { parseJsonOption, type Ctx } from '../context.js';
 import { ExitCode, badInput } from '../exit-codes.js';

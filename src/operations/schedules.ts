@@ -1,24 +1,28 @@
 /**
  * The runtime's schedule calls: define (or redefine) one, list them, pause, resume, remove and
  * trigger. A definition is stored in Redis (any process lists it); its fires come from a BullMQ job
- * scheduler on the runtime's queue, which workers take as `schedule` jobs (see `firing.ts`).
+ * scheduler on the runtime's queue, which workers take as `schedule` jobs (see
+ * `worker/schedule-firing.ts`).
  */
 import type { RuntimeCore } from '../actors/core.js';
 import { InputValidationError } from '../errors.js';
 import { keyInputIssues } from '../execution/action-keys.js';
 import { assertPlainJson } from '../internal/json.js';
-import { JobName } from '../actors/jobs.js';
 import {
   assertScheduleId,
   checkScheduleOptions,
   DEFAULT_CATCHUP_WINDOW_MS,
-  nextFire,
   type OverlapPolicy,
   type ScheduleDefinition,
   type ScheduleOptions,
-} from './definition.js';
-import { catchUp, fireOnce, scheduleStore, schedulerId, type ScheduleJobData } from './firing.js';
-import type { ScheduleFire } from './store.js';
+} from '../worker/schedule-definition.js';
+import {
+  fireOnce,
+  scheduleStore,
+  schedulerId,
+  upsertScheduler,
+} from '../worker/schedule-firing.js';
+import type { ScheduleFire } from '../worker/schedule-store.js';
 
 /** A schedule as `runtime.schedules()` lists it. */
 export interface ScheduleInfo {
@@ -42,33 +46,6 @@ export interface ScheduleInfo {
   bufferedFire: string | null;
   /** Its newest fires (at most 50), newest first, each with its outcome. */
   fires: ScheduleFire[];
-}
-
-/** The template of the jobs a schedule's BullMQ job scheduler adds. */
-function template(id: string) {
-  const data: ScheduleJobData = { scheduleId: id };
-  return {
-    name: JobName.schedule,
-    data,
-    opts: {
-      removeOnComplete: { age: 24 * 3600, count: 1000 },
-      removeOnFail: { age: 7 * 24 * 3600, count: 1000 },
-      attempts: 25,
-      backoff: { type: 'exponential', delay: 100 },
-    },
-  };
-}
-
-/**
- * Creates or updates the schedule's BullMQ job scheduler. An `everyMs` schedule fires at the
- * multiples of `everyMs` since the epoch: its first fire is the next one after now.
- */
-async function upsertScheduler(core: RuntimeCore, def: ScheduleDefinition): Promise<void> {
-  const repeat =
-    def.everyMs !== undefined
-      ? { every: def.everyMs, startDate: nextFire(def, core.clock()) }
-      : { pattern: def.cron!, ...(def.tz === undefined ? {} : { tz: def.tz }) };
-  await core.queues.queue.upsertJobScheduler(schedulerId(def.id), repeat, template(def.id));
 }
 
 /** Throws `InputValidationError` naming the id when there is no such schedule. */
@@ -192,25 +169,4 @@ export async function triggerSchedule(core: RuntimeCore, id: string): Promise<Sc
   const def = await existing(core, id);
   const at = core.clock();
   return fireOnce(core, def, { key: `manual-${at}`, at, manual: true });
-}
-
-/**
- * What a worker does with the schedules when it starts and at each sweep: gives a schedule that
- * is not paused a BullMQ job scheduler if it has none (its definition was stored but the
- * scheduler was not made), and handles its fires due by now (`catchUp`). Trouble with one
- * schedule is logged and leaves the others.
- */
-export async function tendSchedules(core: RuntimeCore, signal: AbortSignal): Promise<void> {
-  const defs = await scheduleStore(core).all();
-  for (const def of defs) {
-    if (signal.aborted) return;
-    if (def.paused) continue;
-    try {
-      const scheduler = await core.queues.queue.getJobScheduler(schedulerId(def.id));
-      if (scheduler === undefined) await upsertScheduler(core, def);
-      await catchUp(core, def);
-    } catch (error) {
-      core.log.warn({ scheduleId: def.id, err: error }, 'a schedule could not be tended');
-    }
-  }
 }

@@ -5,7 +5,7 @@
  */
 import type { Redis } from 'ioredis';
 import type { Keys } from '../persistence/keys.js';
-import type { ScheduleDefinition } from './definition.js';
+import type { ScheduleDefinition } from './schedule-definition.js';
 
 /** What came of one fire. */
 export type FireOutcome = 'started' | 'skipped' | 'buffered' | 'missed' | 'failed';

@@ -1,5 +1,6 @@
 /**
- * What a fire does. Each fire of a schedule has a key (its fire time in ms, or `manual-<ms>`) and
+ * What a fire does, and what a worker does with the schedules (their BullMQ job schedulers, their
+ * fires due by now). Each fire of a schedule has a key (its fire time in ms, or `manual-<ms>`) and
  * a run id derived from it (`schedule:<id>:<key>`). Its outcome (started, skipped, buffered,
  * missed, failed) is decided once, by a script that records it beside the schedule's state and
  * refuses a decision taken from a state that moved on; the run is started after, by its derived
@@ -11,9 +12,14 @@ import type { RuntimeCore } from '../actors/core.js';
 import { JobName } from '../actors/jobs.js';
 import { debugPoint, DebugPoint } from '../internal/debug-points.js';
 import { runStatus } from '../machines/kernel.js';
-import { launchRun } from '../worker/start-run.js';
-import { firesBetween, type ScheduleDefinition } from './definition.js';
-import { KEPT_FIRES, ScheduleStore, type ScheduleFire, type ScheduleState } from './store.js';
+import { launchRun } from './start-run.js';
+import { firesBetween, nextFire, type ScheduleDefinition } from './schedule-definition.js';
+import {
+  KEPT_FIRES,
+  ScheduleStore,
+  type ScheduleFire,
+  type ScheduleState,
+} from './schedule-store.js';
 
 /** The data of a `schedule` job. */
 export interface ScheduleJobData {
@@ -249,4 +255,52 @@ export async function processScheduleJob(
   if (def.paused) return 'paused';
   await catchUp(core, def, fireTimeOf(job));
   return 'fired';
+}
+
+/** The template of the jobs a schedule's BullMQ job scheduler adds. */
+function template(id: string) {
+  const data: ScheduleJobData = { scheduleId: id };
+  return {
+    name: JobName.schedule,
+    data,
+    opts: {
+      removeOnComplete: { age: 24 * 3600, count: 1000 },
+      removeOnFail: { age: 7 * 24 * 3600, count: 1000 },
+      attempts: 25,
+      backoff: { type: 'exponential', delay: 100 },
+    },
+  };
+}
+
+/**
+ * Creates or updates the schedule's BullMQ job scheduler. An `everyMs` schedule fires at the
+ * multiples of `everyMs` since the epoch: its first fire is the next one after now.
+ */
+export async function upsertScheduler(core: RuntimeCore, def: ScheduleDefinition): Promise<void> {
+  const repeat =
+    def.everyMs !== undefined
+      ? { every: def.everyMs, startDate: nextFire(def, core.clock()) }
+      : { pattern: def.cron!, ...(def.tz === undefined ? {} : { tz: def.tz }) };
+  await core.queues.queue.upsertJobScheduler(schedulerId(def.id), repeat, template(def.id));
+}
+
+/**
+ * What a worker does with the schedules when it starts and at each sweep: gives a schedule that
+ * is not paused a BullMQ job scheduler if it has none (its definition was stored but the
+ * scheduler was not made), and handles its fires due by now (`catchUp`). Trouble with one
+ * schedule is logged and leaves the others.
+ */
+export async function tendSchedules(core: RuntimeCore, signal: AbortSignal): Promise<void> {
+  const defs = await scheduleStore(core).all();
+  for (const def of defs) {
+    if (signal.aborted) return;
+    if (def.paused) continue;
+    try {
+      const scheduler = await core.queues.queue.getJobScheduler(schedulerId(def.id));
+      if (scheduler === undefined) await upsertScheduler(core, def);
+      await catchUp(core, def);
+    } catch (error) {
+      core.log.warn({ scheduleId: def.id, err: error }, 'a schedule could not be tended');
+    }
+  }
 }
