@@ -10,6 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { InputValidationError, PlanValidationError } from '../../src/errors.js';
 import type { PlanInput } from '../../src/plan/schema.js';
 import { createRuntime, type Runtime, type ScheduleInfo } from '../../src/runtime.js';
+import { startUi } from '../../src/ui/server.js';
 import { caught } from '../helpers/caught.js';
 import { connect, deleteRuntimeKeys, readPrefix, redisUrl, testPrefix } from '../helpers/redis.js';
 
@@ -210,6 +211,35 @@ describe('schedules', () => {
     const times = info.fires.map((f) => f.at).sort((a, b) => a - b);
     for (let i = 1; i < times.length; i++) expect(times[i]! - times[i - 1]!).toBe(300);
     expect(runIdsOf(calls)).toEqual(started.map((f) => f.runId!).sort());
+  });
+
+  it('the web view lists the schedules with their newest fires, each run linked', async () => {
+    const { runtime } = runtimeWith(0);
+    const ui = await startUi(runtime, { port: 0 });
+    try {
+      const empty = await (await fetch(`${ui.url}schedules`)).text();
+      expect(empty).toContain('No schedules.');
+      await runtime.schedule('morning', { cron: '0 7 * * 1-5', tz: 'Europe/Paris', plan });
+      await runtime.schedule('often', { everyMs: 60_000, plan, overlap: 'allow_all' });
+      await runtime.pauseSchedule('often');
+      const fire = await runtime.triggerSchedule('morning');
+      const response = await fetch(`${ui.url}schedules`);
+      expect(response.status).toBe(200);
+      const html = await response.text();
+      expect(html).toContain('<a href="/schedules">schedules</a>');
+      const rows = html.split('<tr data-schedule=').slice(1);
+      expect(rows.map((r) => r.slice(1, r.indexOf('"', 1)))).toEqual(['morning', 'often']);
+      expect(rows[0]).toContain('cron <span class="mono">0 7 * * 1-5</span> Europe/Paris');
+      expect(rows[0]).toContain('data-status="active"');
+      expect(rows[0]).toContain(
+        `<a class="mono" href="/runs/${encodeURIComponent(fire.runId!)}">${fire.runId}</a>`,
+      );
+      expect(rows[0]).toContain('(trigger)');
+      expect(rows[1]).toContain('every 60000 ms');
+      expect(rows[1]).toContain('data-status="paused"');
+    } finally {
+      await ui.close();
+    }
   });
 
   it('a refused definition names the field and writes nothing', async () => {
