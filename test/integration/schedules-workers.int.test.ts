@@ -113,6 +113,10 @@ describe('schedules on flujo worker processes', { timeout: 90_000 }, () => {
       [['add', 'x', JOB], /cron: missing/],
       [['pause', 'nope'], /id: no schedule "nope"/],
       [['frobnicate', 'x'], /unknown schedule command/],
+      [
+        ['add', 'x', 'test/fixtures/jobs/scheduled-bad.ts', '--every', '1000'],
+        /schedules\.nightly: .*cron: "99 2 \* \* \*" does not parse/,
+      ],
     ];
     for (const [args, message] of refused) {
       const result = await flujo(...args);
