@@ -63,7 +63,8 @@ async function existing(core: RuntimeCore, id: string): Promise<ScheduleDefiniti
 
 /**
  * `runtime.schedule`: checks every option (nothing is written when one is refused), stores the
- * definition (a redefinition keeps its creation time, its paused state and its fires), and
+ * definition (a redefinition keeps its creation time, its paused state and its fires; one with a
+ * new rule handles fires from now on), and
  * creates or updates its BullMQ job scheduler unless it is paused.
  */
 export async function defineSchedule(
@@ -94,7 +95,11 @@ export async function defineSchedule(
     createdAt: before?.createdAt ?? now,
     updatedAt: now,
   };
-  await store.put(def, now);
+  // A new rule starts from now: the fires of the old one are not caught up on the new one's times.
+  const ruleChanged =
+    before !== null &&
+    (before.cron !== def.cron || before.everyMs !== def.everyMs || before.tz !== def.tz);
+  await store.put(def, now, ruleChanged);
   if (!def.paused) await upsertScheduler(core, def);
   return info(core, def);
 }

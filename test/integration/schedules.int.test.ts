@@ -11,6 +11,7 @@ import { InputValidationError, PlanValidationError } from '../../src/errors.js';
 import type { PlanInput } from '../../src/plan/schema.js';
 import { createRuntime, type Runtime, type ScheduleInfo } from '../../src/runtime.js';
 import { startUi } from '../../src/ui/server.js';
+import { scheduleStore } from '../../src/worker/schedule-firing.js';
 import { caught } from '../helpers/caught.js';
 import { connect, deleteRuntimeKeys, readPrefix, redisUrl, testPrefix } from '../helpers/redis.js';
 
@@ -211,6 +212,20 @@ describe('schedules', () => {
     const times = info.fires.map((f) => f.at).sort((a, b) => a - b);
     for (let i = 1; i < times.length; i++) expect(times[i]! - times[i - 1]!).toBe(300);
     expect(runIdsOf(calls)).toEqual(started.map((f) => f.runId!).sort());
+  });
+
+  it('a redefinition keeps the last fire handled, unless its rule changed', async () => {
+    const { runtime } = runtimeWith(0);
+    const store = scheduleStore(runtime.core);
+    await runtime.schedule('r', { cron: '0 0 1 1 *', plan });
+    const first = (await store.state('r')).last;
+    await sleep(20);
+    await runtime.schedule('r', { cron: '0 0 1 1 *', plan, input: { n: 2 } });
+    expect((await store.state('r')).last).toBe(first);
+    const changed = Date.now();
+    await runtime.schedule('r', { everyMs: 60_000, plan });
+    expect((await store.state('r')).last).toBeGreaterThanOrEqual(changed);
+    expect((await listed(runtime, 'r')).input).toBeNull();
   });
 
   it('the web view lists the schedules with their newest fires, each run linked', async () => {
