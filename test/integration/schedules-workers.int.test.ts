@@ -1,10 +1,10 @@
 /**
  * Schedules across `flujo worker` processes: two workers define the job module's schedule (every
  * 300 ms) and take its fires, one is SIGKILLed midway (after it recorded a fire, before it
- * created the fire's run); three workers on a 1 s schedule for 15 s, one SIGKILLed at 5 s; each
- * fire starts one run, counted by the
- * runs' derived ids and the operator's calls. Then `flujo schedule` add, list, pause, resume,
- * trigger and remove, and its refusals (exit 2, the field named, nothing written).
+ * created the fire's run); three workers on a 1 s schedule for 15 s, one SIGKILLed at 5 s. Each
+ * fire starts one run, counted by the runs' derived ids and the operator's calls. Then `flujo
+ * schedule` add, list, pause, resume, trigger and remove, and its refusals (exit 2, the field
+ * named, nothing written).
  */
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
