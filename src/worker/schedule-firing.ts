@@ -89,27 +89,26 @@ async function decide(
 
 /**
  * Starts the run of a fire recorded `started`, by its derived id (a run already there is the one).
- * A start the runtime refuses (the plan or input no longer valid) is recorded `failed`.
+ * A start the runtime refuses (the plan or input no longer valid) is recorded `failed`; returns
+ * the fire as it ends up.
  */
 async function launch(
   core: RuntimeCore,
   def: ScheduleDefinition,
   fire: ScheduleFire,
-): Promise<void> {
+): Promise<ScheduleFire> {
   const runId = fire.runId!;
   try {
     await launchRun(core, def.plan, def.input, { runId }, true);
+    return fire;
   } catch (error) {
     // The fire's run exists, started from an earlier definition of the schedule: it is the one.
-    if (error instanceof RunAlreadyExistsError) return;
+    if (error instanceof RunAlreadyExistsError) return fire;
     if (!(error instanceof FlujoError) || error.retryable) throw error;
     const failed: ScheduleFire = { ...fire, outcome: 'failed', reason: error.message };
-    await scheduleStore(core).record(
-      def.id,
-      failed,
-      { overwrite: true, clearRun: runId },
-      core.clock(),
-    );
+    const how = { overwrite: true, clearRun: runId };
+    await scheduleStore(core).record(def.id, failed, how, core.clock());
+    return failed;
   }
 }
 
@@ -153,8 +152,8 @@ export async function fireOnce(
     if (result.kind === 'recorded' && recorded.outcome === 'started') {
       debugPoint(DebugPoint.afterFireRecorded, def.id);
     }
-    if (recorded.outcome === 'started') await launch(core, def, recorded);
-    else if (recorded.outcome === 'buffered') await addBufferedJob(core, def.id, recorded);
+    if (recorded.outcome === 'started') return launch(core, def, recorded);
+    if (recorded.outcome === 'buffered') await addBufferedJob(core, def.id, recorded);
     return recorded;
   }
 }

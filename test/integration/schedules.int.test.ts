@@ -228,6 +228,23 @@ describe('schedules', () => {
     expect((await listed(runtime, 'r')).input).toBeNull();
   });
 
+  it('a fire whose start the runtime refuses is recorded failed, with the reason, and frees the schedule', async () => {
+    const { runtime } = runtimeWith(0);
+    const needsFallback: PlanInput = {
+      name: 'fb',
+      steps: [{ id: 'work', kind: 'operator', operator: 'work', fallback: { operator: 'spare' } }],
+    };
+    await runtime.schedule('fb', { cron: '0 0 1 1 *', plan: needsFallback });
+    const fire = await runtime.triggerSchedule('fb');
+    expect(fire.outcome).toBe('failed');
+    const info = await listed(runtime, 'fb');
+    expect(info.fires).toHaveLength(1);
+    expect(info.fires[0]).toMatchObject({ key: fire.key, outcome: 'failed' });
+    expect(info.fires[0]!.reason).toContain('no operator "spare" is registered');
+    expect(info.lastRunId).toBeNull();
+    expect(await runtime.list()).toEqual([]);
+  });
+
   it('the web view lists the schedules with their newest fires, each run linked', async () => {
     const { runtime } = runtimeWith(0);
     const ui = await startUi(runtime, { port: 0 });
