@@ -274,6 +274,38 @@ describe('schedules', () => {
     }
   });
 
+  it('a cron schedule (every second, in a time zone): missed fires after a time with no worker, then each second once', async () => {
+    const { runtime, calls } = runtimeWith(0);
+    await runtime.schedule('secs', {
+      cron: '* * * * * *',
+      tz: 'Asia/Kolkata',
+      plan,
+      overlap: 'allow_all',
+      catchupWindowMs: 1500,
+    });
+    await sleep(3500);
+    const back = Date.now();
+    const worker = runtime.createWorker();
+    await worker.ready();
+    await sleep(2200);
+    await runtime.pauseSchedule('secs');
+    const until = Date.now();
+    await sleep(500);
+    await worker.close();
+    const info = await listed(runtime, 'secs');
+    const times = info.fires.map((f) => f.at).sort((a, b) => a - b);
+    for (const t of times) expect(t % 1000).toBe(0);
+    for (let i = 1; i < times.length; i++) expect(times[i]! - times[i - 1]!).toBe(1000);
+    expect(times.at(-1)!).toBeGreaterThan(until - 2000);
+    const missed = info.fires.filter((f) => f.outcome === 'missed');
+    const started = info.fires.filter((f) => f.outcome === 'started');
+    expect(missed.length).toBeGreaterThanOrEqual(1);
+    for (const f of missed) expect(f.at).toBeLessThan(back - 1500 + 1000);
+    expect(started.length).toBeGreaterThanOrEqual(3);
+    expect(missed.length + started.length).toBe(info.fires.length);
+    expect(runIdsOf(calls)).toEqual(started.map((f) => f.runId!).sort());
+  });
+
   it('a refused definition names the field and writes nothing', async () => {
     const { runtime, prefix } = runtimeWith(0);
     await runtime.schedule('kept', { cron: '0 0 1 1 *', plan });
