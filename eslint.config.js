@@ -31,9 +31,11 @@ const nodeIo = ['node:*', 'fs', 'net', 'http', 'https', 'child_process', 'crypto
  *   (the composition root, `core.ts`) and its parts by role (`runtime-stores.ts`,
  *   `runtime-queues.ts`, `runtime-registry.ts`, `runtime-meta.ts`), and the job specs.
  * - worker: the BullMQ shell over the units and its status registry, the start path
- *   (`runtime.start` and the `start` job), event streams, the run list, replay.
+ *   (`runtime.start` and the `start` job), event streams, the run list, replay, schedules' fires
+ *   (their definitions, their store, what a fire does).
  * - operations: the runtime's operations by concern (starting runs, decisions, reading runs,
- *   replay, registration), plain functions of the runtime core that `createRuntime` wires.
+ *   replay, registration, schedules), plain functions of the runtime core that `createRuntime`
+ *   wires.
  * - runtime.ts, define-job.ts: the runtime a user creates (its types and `createRuntime`); job
  *   modules.
  * - ui: the web view of runs.

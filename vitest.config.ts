@@ -4,7 +4,7 @@ import { defineConfig } from 'vitest/config';
  * The integration files that run on a Redis Cluster as well as on one redis-server (the `cluster`
  * project): the driver, the ledger, agents, replay and the crash tests first, then the stores and
  * features whose keys live outside a run's hash tag (request keys, the run list, tenants' usage,
- * quotas and step cache, action keys, the queue, retention's expiries). Left out to keep the
+ * quotas and step cache, action keys, the queue, retention's expiries, schedules). Left out to keep the
  * project near four minutes on two cores: the files about one server (a server stopped or
  * restarted, write coalescing, MONITOR), the CLI, examples and web view files, and slow files
  * that place no keys of their own (usage-conservation, atomic-journal, step-timeout,
@@ -58,6 +58,7 @@ const CLUSTER_SUITES = [
   'usage-ahead',
   'worker-sweep',
   'signals',
+  'schedules',
 ];
 
 // Three projects. `unit` needs nothing but Node: no Redis, no build. `integration` starts its own

@@ -10,6 +10,7 @@ import type { AgentDefinition } from './agents/define-agent.js';
 import type { JsonValue } from './internal/json.js';
 import type { PricingTable } from './llm/pricing.js';
 import type { PlanInput } from './plan/schema.js';
+import type { ScheduleOptions } from './worker/schedule-definition.js';
 import type { ToolDefinition } from './tools/define-tool.js';
 import type { SignalSchema } from './actors/runtime-registry.js';
 
@@ -51,6 +52,11 @@ export interface JobDefinition<P extends PlanInput = PlanInput> {
   pricing?: PricingTable | string;
   /** A model without a price fails its step before any request. */
   strictPricing?: boolean;
+  /**
+   * Schedules of the plan, by id: `flujo worker` defines (or updates) each when it starts, as
+   * `runtime.schedule(id, { ...options, plan })` would. `plan`, if given, names the job's plan.
+   */
+  schedules?: Record<string, Omit<ScheduleOptions, 'plan'> & { plan?: string }>;
 }
 
 /**

@@ -209,6 +209,11 @@ export type {
   SkipInput,
   StartOptions,
   StepProgress,
+  FireOutcome,
+  OverlapPolicy,
+  ScheduleFire,
+  ScheduleInfo,
+  ScheduleOptions,
 } from './runtime.js';
 export type { CoreOptions, StepFailureInfo } from './actors/core.js';
 export type { RetentionOptions } from './persistence/retention.js';

@@ -56,6 +56,17 @@ import { replayRun } from './operations/replay.js';
 import { sendSignal, type SignalOptions, type SignalReceipt } from './operations/signals.js';
 import type { SignalSchema } from './actors/runtime-registry.js';
 import { attachRun, beginRun, type BeginOptions, type RunHandle } from './operations/starting.js';
+import {
+  defineSchedule,
+  listSchedules,
+  pauseSchedule,
+  removeSchedule,
+  resumeSchedule,
+  triggerSchedule,
+  type ScheduleInfo,
+} from './operations/schedules.js';
+import type { ScheduleOptions } from './worker/schedule-definition.js';
+import type { ScheduleFire } from './worker/schedule-store.js';
 
 export type { StartOptions };
 export type { DecisionInput, SkipInput } from './operations/decisions.js';
@@ -70,6 +81,9 @@ export {
 export type { BeginOptions, RunHandle } from './operations/starting.js';
 export type { SignalOptions, SignalReceipt, StartSignal } from './operations/signals.js';
 export type { SignalSchema } from './actors/runtime-registry.js';
+export type { ScheduleInfo } from './operations/schedules.js';
+export type { OverlapPolicy, ScheduleOptions } from './worker/schedule-definition.js';
+export type { FireOutcome, ScheduleFire } from './worker/schedule-store.js';
 
 /** Options of {@link createRuntime}. */
 export interface RuntimeOptions extends CoreOptions {
@@ -248,6 +262,24 @@ export interface Runtime {
     resolution: { succeeded: JsonValue } | { retry: true },
     by: string,
   ): Promise<LedgerEntry>;
+  /**
+   * Defines (or redefines) schedule `id`: each fire of `cron` (in `tz`) or of `everyMs` starts one
+   * run of `plan` with `input`, whose id is derived from the schedule and the fire time
+   * (`schedule:<id>:<fire ms>`), so that any number of workers start it once. Every option is
+   * checked first (`InputValidationError` naming the field; nothing written). A redefinition keeps
+   * the schedule's paused state and its recorded fires. Fires are taken by workers.
+   */
+  schedule(id: string, options: ScheduleOptions): Promise<ScheduleInfo>;
+  /** Every schedule of this prefix, by id, each with its next fire and its newest fires. */
+  schedules(): Promise<ScheduleInfo[]>;
+  /** Pauses a schedule: no fire until it is resumed. */
+  pauseSchedule(id: string): Promise<ScheduleInfo>;
+  /** Resumes a paused schedule from now on: the fires of the paused time are not run. */
+  resumeSchedule(id: string): Promise<ScheduleInfo>;
+  /** Removes a schedule (its runs go on). */
+  removeSchedule(id: string): Promise<void>;
+  /** Fires a schedule now (under its overlap policy, paused or not); returns the fire. */
+  triggerSchedule(id: string): Promise<ScheduleFire>;
   /** Starts a worker on this runtime's queue. */
   createWorker(options?: WorkerOptions): FlujoWorker;
   /** Closes the runtime's connections (not a Redis client passed in). */
@@ -272,6 +304,12 @@ const BOUNDED = [
   'resolveToolCall',
   'list',
   'signal',
+  'schedule',
+  'schedules',
+  'pauseSchedule',
+  'resumeSchedule',
+  'removeSchedule',
+  'triggerSchedule',
 ] as const satisfies readonly (keyof Runtime)[];
 
 /**
@@ -340,6 +378,12 @@ export function createRuntime(options: RuntimeOptions): Runtime {
     setTenantQuota: (tenantId, quota) => setTenantQuota(core, tenantId, quota),
     resolveToolCall: (runId, callId, resolution, by) =>
       resolveToolCall(core, runId, callId, resolution, by),
+    schedule: (id, o) => defineSchedule(core, id, o),
+    schedules: () => listSchedules(core),
+    pauseSchedule: (id) => pauseSchedule(core, id),
+    resumeSchedule: (id) => resumeSchedule(core, id),
+    removeSchedule: (id) => removeSchedule(core, id),
+    triggerSchedule: (id) => triggerSchedule(core, id),
     createWorker: (o) => startWorker(core, o),
     close: () => core.close(),
   };

@@ -21,6 +21,11 @@ export const JobName = {
    * timer, a signal wait's timeout) came. See `wait.ts`.
    */
   wake: 'wake',
+  /**
+   * A schedule fired (added by its BullMQ job scheduler), or a fire that waits for the previous
+   * run to end (`buffer_one`); its data is a `ScheduleJobData`, not a {@link JobData}.
+   */
+  schedule: 'schedule',
 } as const;
 /** A value of {@link JobName}. */
 export type JobName = (typeof JobName)[keyof typeof JobName];

@@ -49,6 +49,11 @@ export interface Values {
   id?: string;
   /** `flujo run --signal NAME`: start or signal. */
   signal?: string;
+  cron?: string;
+  every?: string;
+  tz?: string;
+  overlap?: string;
+  'catchup-window'?: string;
 }
 
 /** A command's arguments and surroundings. */

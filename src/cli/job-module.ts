@@ -32,6 +32,11 @@ import type { AgentDefinition } from '../agents/define-agent.js';
 import type { Runtime } from '../runtime.js';
 import { createToolRegistry } from '../tools/registry.js';
 import { badInput } from './exit-codes.js';
+import {
+  assertScheduleId,
+  checkScheduleOptions,
+  type ScheduleOptions,
+} from '../worker/schedule-definition.js';
 import { projectRoot } from './connect.js';
 import { loadPricingFile, parsePricing, type PricingTable } from '../llm/pricing.js';
 
@@ -74,6 +79,8 @@ export interface JobModule {
   strictPricing: boolean;
   /** The signals its plan declares: name → zod schema of the payload (empty: any, unchecked). */
   signals: Record<string, SignalSchema>;
+  /** The module's `schedules`, by id, each with the module's plan: `flujo worker` defines them. */
+  schedules: Record<string, ScheduleOptions>;
 }
 
 const isRecord = (v: unknown): v is Record<string, unknown> =>
@@ -132,7 +139,49 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
     setup: setup as JobModule['setup'],
     pricing,
     strictPricing: strictPricing === true,
+    schedules: checkSchedules(name, mod['schedules'], plan),
   };
+}
+
+/**
+ * The module's `schedules` export: `{ <id>: { cron | everyMs, tz?, input?, overlap?,
+ * catchupWindowMs?, plan? } }`, each checked as `runtime.schedule` checks it. `plan`, if given,
+ * names the module's plan; each schedule starts runs of that plan.
+ */
+function checkSchedules(
+  name: string,
+  exported: unknown,
+  plan: Plan,
+): Record<string, ScheduleOptions> {
+  if (exported === undefined) return {};
+  const example = "e.g. `export const schedules = { nightly: { cron: '0 2 * * *' } }`";
+  if (!isRecord(exported)) badInput(`job module ${name}: schedules must be an object, ${example}`);
+  const out: Record<string, ScheduleOptions> = {};
+  for (const [id, entry] of Object.entries(exported)) {
+    if (!isRecord(entry))
+      badInput(`job module ${name}: schedules.${id} must be an object, ${example}`);
+    const { plan: named, ...rest } = entry;
+    if (named !== undefined && named !== plan.name) {
+      badInput(
+        `job module ${name}: schedules.${id}.plan names plan ${JSON.stringify(named)}, but the module's plan is "${plan.name}"; name it or leave plan out`,
+      );
+    }
+    const options = { ...rest, plan };
+    try {
+      assertScheduleId(id);
+      checkScheduleOptions(options);
+    } catch (error) {
+      badInput(`job module ${name}: schedules.${id}: ${firstLine(error)} ${issuesText(error)}`);
+    }
+    out[id] = options;
+  }
+  return out;
+}
+
+/** The issues of an `InputValidationError`, on one line. */
+function issuesText(error: unknown): string {
+  if (!(error instanceof InputValidationError)) return '';
+  return error.issues.map((i) => `${i.path}: ${i.message}`).join('; ');
 }
 
 /**
@@ -243,6 +292,7 @@ export const JOB_EXPORTS = [
   'pricing',
   'strictPricing',
   'signals',
+  'schedules',
 ] as const;
 
 /**

@@ -28,6 +28,17 @@ Usage:
       step, attempt, turn, since; units done, failed and busy since it started) goes to stderr:
       on a terminal a line whenever it changes; with --status-every MS a JSON line
       {"type":"worker.status",...} every MS; on SIGUSR2 (kill -USR2 <pid>) a JSON line at once
+  flujo schedule add <id> <job-module> (--cron EXPR [--tz TZ] | --every MS) [--input JSON]
+           [--overlap skip|buffer_one|allow_all] [--catchup-window MS] [--json]
+      define (or update) a schedule: each fire starts one run of the module's plan (run id
+      schedule:<id>:<fire ms>), taken by the prefix's workers; --input defaults to the module's
+      input; --overlap (default skip) says what a fire does while the previous run still goes:
+      skip it, buffer_one (start it when that run ends; one waits at most), allow_all; a fire
+      more than --catchup-window MS late (default 60000) is recorded missed
+  flujo schedule list [--json]                    every schedule: rule, state, next fire, and
+      its newest fires with their outcome (started run, skipped, buffered, missed, failed)
+  flujo schedule pause|resume|remove|trigger <id> [--json]
+      pause (no fires), resume (fires from now on), remove (its runs go on), or fire now
   flujo dev <job-module> [--port P] [--host H] [--concurrency N]
       for development, in one command: Redis (as run uses it; its URL is printed, for other
       commands' --redis), the web view (as ui, its URL printed) and a worker for the module that
@@ -81,8 +92,8 @@ Usage:
   flujo usage <runId> [--json]                    model usage per step and turn: reserved, spent
       (tokens and USD) and how each reservation was reconciled; the run's totals
   flujo ui [--port P] [--host H]                 a local web view of the runs: the list with
-      filters, a live page per run (steps, attempts, timeline, tool calls, usage) and approve /
-      reject forms; on 127.0.0.1:7400 unless told otherwise (--port 0: any free port); runs
+      filters, a live page per run (steps, attempts, timeline, tool calls, usage), approve /
+      reject forms and the schedules (/schedules); on 127.0.0.1:7400 unless told otherwise (--port 0: any free port); runs
       until Ctrl-C
   flujo replay <runId> --mode reproduce|replay|regenerate [--from STEP] [--allow-effects] [--json]
       reproduce: the run's stored outcomes, events and model replies, and a check that its events
@@ -117,6 +128,8 @@ Job module (run, resume, worker): an ES module (.js, .mjs or .ts; it imports the
   strictPricing  true: a model without a price fails its step before any request (optional)
   signals     { name: zodSchema }: the signals its runs take (optional); flujo signal checks a
               payload against them when the run records this module
+  schedules   { id: { cron | everyMs, tz?, input?, overlap?, catchupWindowMs? } } (optional):
+              flujo worker defines (or updates) each when it starts, with the module's plan
 The other commands need no job module: the plan is stored with the run.
 
 Redis: --redis URL, else REDIS_URL, else an embedded redis-server with AOF, its data in
@@ -182,6 +195,11 @@ const OPTIONS = {
   full: { type: 'boolean' },
   verbose: { type: 'boolean' },
   'no-node': { type: 'boolean' },
+  cron: { type: 'string' },
+  every: { type: 'string' },
+  tz: { type: 'string' },
+  overlap: { type: 'string' },
+  'catchup-window': { type: 'string' },
 } as const;
 
 const CONNECTS = ['redis', 'prefix', 'redis-timeout', 'replicas', 'replicas-timeout'];
@@ -221,6 +239,7 @@ const ALLOWED: Record<string, readonly string[]> = {
   ui: ['port', 'host', ...CONNECTS],
   redis: [],
   init: ['no-node'],
+  schedule: ['cron', 'every', 'tz', 'input', 'overlap', 'catchup-window', 'json', ...CONNECTS],
 };
 
 function readVersion(): string {
@@ -278,6 +297,8 @@ async function dispatch(command: string, ctx: Ctx): Promise<number> {
       return (await import('./commands/init.js')).cmdInit(ctx);
     case 'ui':
       return (await import('./commands/ui.js')).cmdUi(ctx);
+    case 'schedule':
+      return (await import('./commands/schedule.js')).cmdSchedule(ctx);
     default:
       return (await import('./commands/validate.js')).cmdValidate(
         ctx.args[0],

@@ -30,6 +30,8 @@ export const DebugPoint = {
   beforeCommit: 'before-commit',
   /** A signal is in the run's inbox; the wait step that may take it is not yet woken. */
   afterSignalAppend: 'after-signal-append',
+  /** A schedule's fire is recorded `started`; its run is not yet created. */
+  afterFireRecorded: 'after-fire-recorded',
 } as const;
 /** A value of {@link DebugPoint}. */
 export type DebugPoint = (typeof DebugPoint)[keyof typeof DebugPoint];

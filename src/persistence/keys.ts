@@ -182,6 +182,23 @@ export interface Keys {
   requestKey(tenantId: string, requestKey: string): string;
   /** The BullMQ key prefix: hash-tagged, so every queue key shares one Redis Cluster slot. */
   queuePrefix(): string;
+  /**
+   * HASH of every schedule's definition (schedule id → JSON): `{<prefix>:schedules}:defs`. The
+   * schedules' keys share the hash tag `{<prefix>:schedules}`, so one script may touch them together.
+   */
+  scheduleDefs(): string;
+  /**
+   * HASH: one schedule's firing state (`last`: the newest fire time handled, `lastRun`,
+   * `lastRunAt`, `buffered`): `{<prefix>:schedules}:state:<scheduleId>`.
+   */
+  scheduleState(scheduleId: string): string;
+  /** HASH: one schedule's recent fires (fire key → JSON): `{<prefix>:schedules}:fires:<scheduleId>`. */
+  scheduleFires(scheduleId: string): string;
+  /**
+   * ZSET: the fire keys of {@link Keys.scheduleFires} by fire time, to keep the newest:
+   * `{<prefix>:schedules}:fire-times:<scheduleId>`.
+   */
+  scheduleFireTimes(scheduleId: string): string;
 }
 
 /** Throws {@link InputValidationError} naming `field` unless `runId` is a valid run id. */
@@ -252,6 +269,19 @@ function runIdProblem(runId: unknown): string | undefined {
     return 'must not contain "{" or "}" (they delimit the Redis Cluster hash tag)';
   }
   return undefined;
+}
+
+/** A schedule id checked before it goes into a key (see `STEP_ID_PATTERN`). */
+function scheduleKeyId(id: string): string {
+  if (typeof id !== 'string' || !STEP_ID_PATTERN.test(id)) {
+    throw new InputValidationError('schedule', [
+      {
+        path: 'id',
+        message: `must be 1 to 128 letters, digits, "_", "." or "-", starting with a letter or digit, got ${JSON.stringify(id)}`,
+      },
+    ]);
+  }
+  return id;
 }
 
 /** Returns the key builders for `prefix`; throws {@link InputValidationError} for an invalid prefix. */
@@ -345,5 +375,9 @@ export function createKeys(prefix: string = DEFAULT_KEY_PREFIX): Keys {
       return `${prefix}:request:${tenantId}:${requestKey}`;
     },
     queuePrefix: () => `{${prefix}:q}`,
+    scheduleDefs: () => `{${prefix}:schedules}:defs`,
+    scheduleState: (id) => `{${prefix}:schedules}:state:${scheduleKeyId(id)}`,
+    scheduleFires: (id) => `{${prefix}:schedules}:fires:${scheduleKeyId(id)}`,
+    scheduleFireTimes: (id) => `{${prefix}:schedules}:fire-times:${scheduleKeyId(id)}`,
   };
 }

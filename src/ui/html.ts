@@ -49,7 +49,7 @@ export function urlPath(...segments: string[]): string {
 
 const runHref = (runId: string): string => urlPath('runs', runId);
 
-function time(ms: number | null): string {
+export function time(ms: number | null): string {
   if (ms === null || !Number.isFinite(ms)) return '-';
   return new Date(ms).toISOString().replace('T', ' ').slice(0, 19);
 }
@@ -79,7 +79,7 @@ function preview(value: unknown, max = 160): string {
 
 const usd = (microUsd: number): string => `$${(microUsd / 1_000_000).toFixed(6)}`;
 
-const badge = (status: string): string =>
+export const badge = (status: string): string =>
   `<span class="badge" data-status="${h(status)}">${h(status)}</span>`;
 
 const CSS = `
@@ -151,10 +151,11 @@ button.cancel { background: var(--cancel); border-color: var(--cancel); color: #
 .msg .role { font-size: 11px; color: var(--muted); padding-top: 4px; }
 .reply { margin-top: 4px; }
 table.events td:nth-child(3), table.events td:nth-child(2) { white-space: nowrap; }
+ul.fires { margin: 0; padding-left: 16px; }
 `;
 
 /** A whole page around `body`. */
-function page(title: string, body: string, tail = ''): string {
+export function page(title: string, body: string, tail = ''): string {
   return `<!doctype html>
 <html lang="en">
 <head>
@@ -164,7 +165,7 @@ function page(title: string, body: string, tail = ''): string {
 <style>${TIMELINE_CSS}${CSS}</style>
 </head>
 <body>
-<header class="top"><a class="brand" href="/">flujo</a><a href="/">runs</a><span class="muted">times in UTC</span></header>
+<header class="top"><a class="brand" href="/">flujo</a><a href="/">runs</a><a href="/schedules">schedules</a><span class="muted">times in UTC</span></header>
 ${body}
 ${tail}
 </body>

@@ -40,6 +40,7 @@ import {
   type Notice,
   type RunView,
 } from './html.js';
+import { renderSchedulesPage } from './schedules-html.js';
 
 /** Options of {@link startUi}. */
 export interface UiOptions {
@@ -441,6 +442,9 @@ export async function startUi(runtime: Runtime, options: UiOptions = {}): Promis
     const get = method === 'GET' || method === 'HEAD';
     if (url.pathname === '/' && get) return listPage(url, res);
     if (url.pathname === '/list.json' && get) return listData(url, res);
+    if (url.pathname === '/schedules' && get) {
+      return send(res, 200, renderSchedulesPage(await runtime.schedules()));
+    }
     if (parts[0] !== 'runs' || parts[1] === undefined || parts[1] === '') throw notFound();
     const runId = runIdOf(parts[1]);
     const rest = parts.slice(2);

@@ -22,6 +22,7 @@ import { duplicateClient } from '../persistence/connection.js';
 import type { RuntimeCore } from '../actors/core.js';
 import { JobName, type JobData } from '../actors/jobs.js';
 import { processStartJob } from './start-job.js';
+import { processScheduleJob, tendSchedules } from './schedule-firing.js';
 import { reconcileEnded } from './reconcile.js';
 import { createWorkerRegistry, type UnitEnd, type WorkerStatus } from './registry.js';
 import { preloadTokenizers } from '../llm/tokens.js';
@@ -168,6 +169,13 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
         }
         case JobName.start:
           return await processStartJob(core, job);
+        case JobName.schedule: {
+          const result = await processScheduleJob(core, job);
+          if (typeof result === 'string') return result;
+          // A buffered fire whose previous run is still going: looked at again later.
+          await job.moveToDelayed(result.retryAt, token);
+          throw new DelayedError();
+        }
         default:
           return 'unknown-job';
       }
@@ -320,6 +328,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       }
     });
     if (!closing.signal.aborted) await reconcileEnded(core, closing.signal);
+    if (!closing.signal.aborted) await tendSchedules(core, closing.signal);
   }
 
   return {

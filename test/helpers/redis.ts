@@ -92,6 +92,7 @@ export async function deleteRuntimeKeys(prefix: string): Promise<void> {
     await deletePrefix(redis, `{${prefix}:q}`);
     await deletePrefix(redis, `{${prefix}:runs}`);
     await deletePrefix(redis, `{${prefix}:active-runs}`);
+    await deletePrefix(redis, `{${prefix}:schedules}`);
   } finally {
     redis.disconnect();
   }

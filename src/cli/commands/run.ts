@@ -378,6 +378,9 @@ export async function cmdWorker(ctx: Ctx): Promise<number> {
   return withJob(ctx, job, true, async (conn, runtime) => {
     const teardown = await runSetup(job, ctx.cwd, runtime);
     try {
+      // The module's schedules are defined (or updated) before the worker takes their fires.
+      for (const [id, options] of Object.entries(job.schedules))
+        await runtime.schedule(id, options);
       const worker = runtime.createWorker({ concurrency });
       const watch = watchRedis({
         url: conn.url,
