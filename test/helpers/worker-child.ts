@@ -29,11 +29,12 @@ export interface WorkerChild {
 /**
  * Spawns a worker child with `env` (REDIS_URL, FLUJO_PREFIX, QUEUE_NAME, EFFECT_FILE, … as
  * driver-child.ts reads them) over this process's environment, and waits for its `ready` line.
- * `children` collects it while it lives.
+ * `children` collects it while it lives. With `noWait`, it is returned once spawned.
  */
 export async function spawnWorkerChild(
   env: Record<string, string>,
   children: Set<WorkerChild>,
+  options: { noWait?: boolean } = {},
 ): Promise<WorkerChild> {
   const proc = spawn(pinnedNode, ['--import', 'tsx', CHILD], {
     cwd: root,
@@ -68,6 +69,11 @@ export async function spawnWorkerChild(
   };
   children.add(child);
   void exited.then(() => children.delete(child));
+  // A child expected to die early is returned at once (`noWait`).
+  if (options.noWait === true) {
+    ready.then(() => (child.ready = true)).catch(() => {});
+    return child;
+  }
   await ready;
   child.ready = true;
   return child;

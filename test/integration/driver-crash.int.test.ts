@@ -3,7 +3,6 @@
  * killed with SIGKILL at chosen moments. What is checked comes from the runs' event streams (what
  * was committed) and the children's effect file (what was executed).
  */
-import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -15,10 +14,8 @@ import { createRuntime, type Runtime, runtimeCore } from '../../src/runtime.js';
 import { stepJobId } from '../../src/actors/jobs.js';
 import { expectIntact } from '../helpers/integrity.js';
 import { connect, deletePrefix, redisUrl, testPrefix } from '../helpers/redis.js';
+import { spawnWorkerChild, type WorkerChild } from '../helpers/worker-child.js';
 
-const ROOT = join(import.meta.dirname, '..', '..');
-const NODE = join(ROOT, 'node_modules', '.bin', 'node');
-const CHILD = join(ROOT, 'test', 'fixtures', 'driver-child.ts');
 const QUEUE = 'drv';
 
 let redis: Redis;
@@ -27,20 +24,6 @@ let dir: string;
 let effectFile: string;
 let rt: Runtime;
 const children = new Set<WorkerChild>();
-
-interface Exit {
-  code: number | null;
-  signal: NodeJS.Signals | null;
-}
-
-interface WorkerChild {
-  proc: ChildProcess;
-  pid: number;
-  exited: Promise<Exit>;
-  stderr: () => string;
-  /** SIGKILL; resolves when the process is gone. */
-  kill: () => Promise<Exit>;
-}
 
 interface ChildOptions {
   recoveryMs?: number;
@@ -53,54 +36,20 @@ interface ChildOptions {
   noWait?: boolean;
 }
 
-/** Spawns a worker child and waits for its `ready` line. */
-async function spawnWorker(o: ChildOptions = {}): Promise<WorkerChild> {
-  const proc = spawn(NODE, ['--import', 'tsx', CHILD], {
-    cwd: ROOT,
-    env: {
-      ...process.env,
-      REDIS_URL: redisUrl(),
-      FLUJO_PREFIX: prefix,
-      QUEUE_NAME: QUEUE,
-      EFFECT_FILE: effectFile,
-      CONCURRENCY: String(o.concurrency ?? 8),
-      RECOVERY_MS: String(o.recoveryMs ?? 2000),
-      RECOVER_ON_START: o.recoverOnStart === false ? '0' : '1',
-      CHAIN_MS: o.chainMs === undefined ? '' : String(o.chainMs),
-      FLUJO_KILL_AT: o.killAt ?? '',
-    },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  let stdout = '';
-  let stderr = '';
-  const exited = new Promise<Exit>((resolve) =>
-    proc.on('close', (code, signal) => resolve({ code, signal })),
-  );
-  const ready = new Promise<void>((resolve, reject) => {
-    proc.stdout.on('data', (chunk: Buffer) => {
-      stdout += chunk.toString();
-      if (stdout.includes('ready ')) resolve();
-    });
-    proc.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
-    void exited.then((e) =>
-      reject(new Error(`worker child exited before ready (${JSON.stringify(e)}): ${stderr}`)),
-    );
-  });
-  const child: WorkerChild = {
-    proc,
-    pid: proc.pid!,
-    exited,
-    stderr: () => stderr,
-    kill: async () => {
-      if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGKILL');
-      return exited;
-    },
+/** Spawns a worker child and waits for its `ready` line (unless `noWait`). */
+function spawnWorker(o: ChildOptions = {}): Promise<WorkerChild> {
+  const env = {
+    REDIS_URL: redisUrl(),
+    FLUJO_PREFIX: prefix,
+    QUEUE_NAME: QUEUE,
+    EFFECT_FILE: effectFile,
+    CONCURRENCY: String(o.concurrency ?? 8),
+    RECOVERY_MS: String(o.recoveryMs ?? 2000),
+    RECOVER_ON_START: o.recoverOnStart === false ? '0' : '1',
+    CHAIN_MS: o.chainMs === undefined ? '' : String(o.chainMs),
+    FLUJO_KILL_AT: o.killAt ?? '',
   };
-  children.add(child);
-  void exited.then(() => children.delete(child));
-  if (o.noWait !== true) await ready;
-  else ready.catch(() => {});
-  return child;
+  return spawnWorkerChild(env, children, { noWait: o.noWait === true });
 }
 
 interface Execution {
