@@ -142,7 +142,22 @@ export interface Chain {
   until: number;
   /** Aborted when the worker closes: it then takes no more units. */
   closing?: AbortSignal;
+  /**
+   * Extends the job's lock to `ms` from now (see `commitUnit`); absent outside a BullMQ job.
+   */
+  holdLock?: (ms: number) => Promise<void>;
 }
+
+/**
+ * A run of this many steps or more is wide: deciding one of its commits takes time that grows with
+ * its steps (the last one, which ends the run, stops every step's actor: about a second at 1,000
+ * steps on a small machine), during which the worker's event loop renews no job lock. Before such a
+ * commit the unit's job holds its lock for {@link WIDE_COMMIT_LOCK_MS}, so that another worker does
+ * not take the unit over (and run it again) while this one decides.
+ */
+export const WIDE_RUN_STEPS = 200;
+/** See {@link WIDE_RUN_STEPS}. */
+export const WIDE_COMMIT_LOCK_MS = 30_000;
 
 /** Whether the chain may take one more unit now. */
 export const mayGoOn = (chain: Chain): boolean =>
@@ -679,6 +694,9 @@ export async function commitUnit(
     };
   };
   const events = [...c.unit.started, ...c.events];
+  if (c.env.snapshot.context.order.length >= WIDE_RUN_STEPS) {
+    await chain.holdLock?.(WIDE_COMMIT_LOCK_MS);
+  }
   // The unit's events are built here, an output checked as JSON by the execution: their shape is
   // not checked again (an output is walked once), but for a failure's error, which carries what
   // was thrown.

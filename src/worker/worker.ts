@@ -200,6 +200,15 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       self: job.id!,
       until: chainMs > 0 ? performance.now() + chainMs : -Infinity,
       closing: closing.signal,
+      ...(token === undefined
+        ? {}
+        : {
+            holdLock: (ms: number) =>
+              job.extendLock(token, ms).then(
+                () => {},
+                () => {}, // best effort: a commit that Redis does not take fails on its own
+              ),
+          }),
     };
     let name = job.name;
     let data = job.data;
