@@ -14,6 +14,7 @@ import {
   type PlanInput,
   type Runtime,
 } from '../../src/index.js';
+import { expectIntact } from '../helpers/integrity.js';
 import { connect, deleteRuntimeKeys, redisUrl, scanKeys } from '../helpers/redis.js';
 
 let runtime: Runtime;
@@ -108,13 +109,16 @@ describe('conditional steps', () => {
       .filter((e) => e.type === 'step.changed' && e.to === 'SKIPPED')
       .map((e) => e.stepId);
     expect(moved).toEqual(['branchA1', 'branchA2']);
+    // The events lead to the stored snapshot (the cascade is the machine's, not an event).
+    await expectIntact(runtime, runId);
   });
 
   it('branch a chosen: both its steps run in order, branch b is skipped, the join runs once', async () => {
     register({ route: { branch: 'a' } });
-    const { report, steps } = await runToEnd(byBranch);
+    const { runId, report, steps } = await runToEnd(byBranch);
     expect(report.status).toBe('succeeded');
     expect(calls).toEqual({ triage: 1, a1: 1, a2: 1, join: 1 });
+    await expectIntact(runtime, runId);
     expect(steps).toEqual({
       triage: 'SUCCEEDED',
       branchA1: 'SUCCEEDED',
@@ -148,6 +152,7 @@ describe('conditional steps', () => {
       branchB1: 'SKIPPED:condition_false',
       join: 'SKIPPED:condition_false',
     });
+    await expectIntact(runtime, neither.runId);
   });
 
   it('a condition naming a step that is not an ancestor is refused, and nothing is written', async () => {
