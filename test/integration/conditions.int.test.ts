@@ -109,6 +109,17 @@ describe('conditional steps', () => {
       .filter((e) => e.type === 'step.changed' && e.to === 'SKIPPED')
       .map((e) => e.stepId);
     expect(moved).toEqual(['branchA1', 'branchA2']);
+    // The trace shows both skips with their reason, and no attempt of either.
+    const trace = await runtime.trace(runId);
+    const traced = Object.fromEntries(
+      trace.steps.map((s) => [s.stepId, [s.status, s.skipped?.reason ?? null, s.attempts.length]]),
+    );
+    expect(traced).toMatchObject({
+      branchA1: ['SKIPPED', 'condition_false', 0],
+      branchA2: ['SKIPPED', 'condition_false', 0],
+      branchB1: ['SUCCEEDED', null, 1],
+      join: ['SUCCEEDED', null, 1],
+    });
     // The events lead to the stored snapshot (the cascade is the machine's, not an event).
     await expectIntact(runtime, runId);
   });
