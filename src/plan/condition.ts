@@ -57,3 +57,17 @@ export function conditionHolds(when: StepCondition, output: JsonValue | null): b
   if (when.in !== undefined) return when.in.some((v) => jsonEqual(value, v));
   return jsonEqual(value, when.equals);
 }
+
+/**
+ * Attempts the steps made: a step skipped by a false condition made none (its skip names the
+ * attempt that would have run).
+ */
+export function attemptsMade(
+  steps: readonly { status: string; attempt: number; reason: string | null }[],
+): number {
+  let n = 0;
+  for (const s of steps) {
+    if (s.status !== 'SKIPPED' || s.reason !== CONDITION_FALSE) n += s.attempt;
+  }
+  return n;
+}

@@ -109,6 +109,9 @@ describe('conditional steps', () => {
       .filter((e) => e.type === 'step.changed' && e.to === 'SKIPPED')
       .map((e) => e.stepId);
     expect(moved).toEqual(['branchA1', 'branchA2']);
+    // Attempts made: triage, branchB1 and join; the skips made none.
+    const finished = events.filter((e) => e.type === 'run.finished');
+    expect(finished.map((e) => e.attempts)).toEqual([3]);
     // The trace shows both skips with their reason, and no attempt of either.
     const trace = await runtime.trace(runId);
     const traced = Object.fromEntries(
@@ -138,6 +141,13 @@ describe('conditional steps', () => {
       join: 'SUCCEEDED',
     });
     expect(joined).toEqual([{ branchA2: { from: 'a2', saw: { from: 'a1' } }, branchB1: null }]);
+  });
+
+  it('a skipped step uses none of maxSteps: 3 steps run within maxSteps 3', async () => {
+    register({ route: { branch: 'b' } });
+    const { report } = await runToEnd({ ...byBranch, budgets: { maxSteps: 3 } });
+    expect(report.status).toBe('succeeded');
+    expect(calls).toEqual({ triage: 1, b1: 1, join: 1 });
   });
 
   it('in and exists: a condition on an ancestor, both branches taken or neither', async () => {
