@@ -5,6 +5,9 @@
  * condition names a step that is not an ancestor is refused, and nothing is written.
  */
 import { randomUUID } from 'node:crypto';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import {
   createRuntime,
@@ -14,6 +17,7 @@ import {
   type PlanInput,
   type Runtime,
 } from '../../src/index.js';
+import { runFlujo } from '../helpers/cli.js';
 import { expectIntact } from '../helpers/integrity.js';
 import { connect, deleteRuntimeKeys, redisUrl, scanKeys } from '../helpers/redis.js';
 
@@ -207,4 +211,35 @@ describe('conditional steps', () => {
       redis.disconnect();
     }
   });
+
+  it('flujo validate refuses the plan with exit 2, naming steps[i].when.step and the fix', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'flujo-when-'));
+    try {
+      const file = join(dir, 'plan.json');
+      writeFileSync(
+        file,
+        JSON.stringify({
+          name: 'bad',
+          steps: [
+            { id: 'triage', kind: 'operator', operator: 't' },
+            { id: 'other', kind: 'operator', operator: 't' },
+            {
+              id: 'branch',
+              kind: 'operator',
+              operator: 't',
+              dependsOn: ['triage'],
+              when: { step: 'other', path: 'x', in: ['a'] },
+            },
+          ],
+        }),
+      );
+      const r = await runFlujo(['validate', file], { prefix });
+      expect(r.code).toBe(2);
+      expect(r.err).toContain('steps[2].when.step: the condition names step "other"');
+      expect(r.err).toContain('add "other" to dependsOn');
+      expect(r.out).toBe('');
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 60_000);
 });
