@@ -17,6 +17,8 @@ const CLUSTER_SUITES = [
   'agent-granular',
   'replay',
   'driver-crash',
+  'conditions',
+  'conditions-crash',
   'agent-crash',
   'replay-crash',
   'call-tool-crash',

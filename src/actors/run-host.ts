@@ -1,4 +1,5 @@
 import { setTimeout as sleep } from 'node:timers/promises';
+import { attemptsMade } from '../plan/condition.js';
 import { SnapshotConflictError } from '../errors.js';
 import type { JsonValue } from '../internal/json.js';
 import { jsonText } from '../internal/json-text.js';
@@ -72,7 +73,7 @@ export function summarize(snapshot: RunSnapshot, status: RunStatus, at: number):
     blockedStep: failed?.stepId ?? null,
     reason,
     detail,
-    attempts: steps.reduce((n, s) => n + s.attempt, 0),
+    attempts: attemptsMade(steps),
     at,
   };
 }

@@ -29,6 +29,7 @@ import type { JobData } from './jobs.js';
 import { executeCached } from '../execution/step-cache.js';
 import { startUnit } from './unit-start.js';
 import { runWaitUnit } from './wait.js';
+import { skipIfUntaken } from './condition.js';
 import {
   admitUnit,
   afterCommit,
@@ -67,6 +68,9 @@ export async function runStepUnit(
   // 1. Admit.
   const admitted = held ?? (await admitUnit(host, data, chain.self));
   if (typeof admitted === 'string') return admitted;
+  // A step whose condition is false is skipped, not run.
+  const untaken = await skipIfUntaken(host, data, admitted, chain);
+  if (untaken !== null) return untaken;
   // A wait step runs no code: its unit is a wait's (wait.ts).
   if (admitted.step.kind === 'wait') return runWaitUnit(host, data, admitted);
   const { env, state, meta, step } = admitted;

@@ -101,6 +101,7 @@ import {
   type UnitHost,
   type UnitOutcome,
 } from './unit.js';
+import { skipIfUntaken } from './condition.js';
 
 const NOTHING: Promise<null> = Promise.resolve(null);
 
@@ -151,6 +152,9 @@ async function turnUnit(
   journaled.catch(() => {});
   const admitted = held ?? (await admitUnit(host, data, chain.self));
   if (typeof admitted === 'string') return admitted;
+  // A step whose condition is false is skipped before its first turn.
+  const untaken = await skipIfUntaken(host, data, admitted, chain);
+  if (untaken !== null) return untaken;
   const out = await checkTurnOrder(host, admitted, data, chain);
   if (out !== null) return out;
   const { env, state, meta } = admitted;

@@ -19,6 +19,7 @@
  * Besides, the jobs that are timers of a run: its deadline (`runDeadline`) and a step's retry
  * backoff (`runRetryDue`), and the budget stop they and admission share (`stopForBudget`).
  */
+import { attemptsMade } from '../plan/condition.js';
 import { randomInt } from 'node:crypto';
 import {
   BudgetExceededError,
@@ -394,7 +395,7 @@ export async function admitLoaded(
     return 'budget';
   }
   if (budgets?.maxSteps !== undefined) {
-    const used = runSteps(env.snapshot).reduce((n, s) => n + s.attempt, 0);
+    const used = attemptsMade(runSteps(env.snapshot));
     if (used > budgets.maxSteps) {
       await stopForBudget(host, runId, env, { budget: 'maxSteps', limit: budgets.maxSteps, used });
       return 'budget';

@@ -368,14 +368,20 @@ export function openRun(snapshot: RunSnapshot): OpenRun {
 }
 
 /**
- * The steps an event about one step reaches unless a failure cascades: that step and the steps
- * that depend on it directly. Null for an event about the whole run (every step).
+ * The steps an event about one step reaches unless a failure cascades: that step, the steps that
+ * depend on it directly, and their dependencies that were skipped (a dependent of skipped steps
+ * only is skipped too when each was skipped by its condition). Null for an event about the whole
+ * run (every step).
  */
 function reach(context: RunContext, event: RunEvent): Set<string> | null {
   if (!('stepId' in event)) return null;
   const ids = new Set([event.stepId]);
   for (const id of context.order) {
-    if ((context.dependsOn[id] ?? []).includes(event.stepId)) ids.add(id);
+    const deps = context.dependsOn[id] ?? [];
+    if (!deps.includes(event.stepId)) continue;
+    ids.add(id);
+    // Whether a dependent is skipped too reads why its skipped dependencies were skipped.
+    for (const d of deps) if (context.steps[d]?.status === 'SKIPPED') ids.add(d);
   }
   return ids;
 }

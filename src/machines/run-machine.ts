@@ -4,6 +4,7 @@ import type { JsonValue } from '../internal/json.js';
 import { parsePlan } from '../plan/parse-plan.js';
 import type { Plan, PlanInput } from '../plan/schema.js';
 import { stepNeedsApproval } from '../plan/schema.js';
+import { CONDITION_FALSE } from '../plan/condition.js';
 import type { RunEvent } from '../schemas/events.js';
 import { deriveRunStatus } from './run-status.js';
 import { stepMachine, type StepEvent, type StepInput } from './step-machine.js';
@@ -208,6 +209,42 @@ export function reopenedBySkip(
   }
   reopened.delete(skippedId);
   return context.order.filter((id) => reopened.has(id));
+}
+
+/** The reason the ended step actor `stepId` of `run` ended with (null when it has none). */
+function endedReason(run: AnyActorRef, stepId: string): string | null {
+  const children = (run.getSnapshot() as { children?: Record<string, AnyActorRef | undefined> })
+    .children;
+  const snapshot: unknown = children?.[stepId]?.getSnapshot();
+  if (typeof snapshot !== 'object' || snapshot === null || !('context' in snapshot)) {
+    // A run restored without this step (see the kernel): it is restored whole and asked again.
+    throw new InvariantError(`run has no actor for step "${stepId}"`);
+  }
+  const context = snapshot.context as Partial<StepContext> | undefined;
+  return context?.reason ?? null;
+}
+
+/**
+ * What the step `stepId`, whose dependencies are all done, is told: it is skipped too, with reason
+ * `condition_false`, when each of them was skipped by a false condition (a branch not taken stays
+ * not taken); else its dependencies are met. `run` is the run's actor, whose step actors hold why
+ * they ended.
+ */
+export function readyOrSkipped(
+  context: RunContext,
+  run: AnyActorRef,
+  stepId: string,
+  at: number,
+): StepEvent {
+  const deps = context.dependsOn[stepId] ?? [];
+  const untaken =
+    deps.length > 0 &&
+    deps.every(
+      (d) => context.steps[d]?.status === 'SKIPPED' && endedReason(run, d) === CONDITION_FALSE,
+    );
+  return untaken
+    ? { type: 'step.skipped', stepId, reason: CONDITION_FALSE, at }
+    : { type: 'deps.met', at };
 }
 
 /** The input of a fresh step actor for a step reopened by a resume: its attempts go on. */
@@ -477,7 +514,7 @@ export const runMachine = setup({
               ? context.cancelOrdered.filter((id) => id !== event.stepId)
               : context.cancelOrdered,
         }),
-        enqueueActions(({ enqueue, context, event }) => {
+        enqueueActions(({ enqueue, context, event, self }) => {
           if (event.planned !== null) enqueue({ type: 'plan', params: event.planned });
           const status = event.status;
           const unblocks = status === 'SUCCEEDED' || status === 'SKIPPED';
@@ -496,7 +533,7 @@ export const runMachine = setup({
                 at: event.at,
               } satisfies StepEvent);
             } else if (deps.every((d) => satisfied(context.steps[d]))) {
-              enqueue.sendTo(id, { type: 'deps.met', at: event.at } satisfies StepEvent);
+              enqueue.sendTo(id, readyOrSkipped(context, self, id, event.at));
             }
           }
           if (blocked.length > 0) {

@@ -4,6 +4,7 @@
  * identity), the tool-call ledger and the usage reservations (one per model call). Pure: the
  * caller reads the records.
  */
+import { CONDITION_FALSE } from '../plan/condition.js';
 import type { LedgerEntry } from '../persistence/ledger.js';
 import type { Reservation } from '../persistence/quota-store.js';
 
@@ -307,7 +308,9 @@ function indexEvents(src: RunTraceSources): EventIndex {
     const at = num(e['at']) ?? index.lastAt;
     index.lastAt = Math.max(index.lastAt, at);
     const stepId = str(e['stepId']) ?? '';
-    const n = ATTEMPT_EVENTS.has(e.type) ? num(e['attempt']) : null;
+    // A skip by a false condition names the attempt that would have run, which never began.
+    const untaken = e.type === 'step.skipped' && e['reason'] === CONDITION_FALSE;
+    const n = ATTEMPT_EVENTS.has(e.type) && !untaken ? num(e['attempt']) : null;
     const attempt = n === null || n < 1 ? undefined : attemptOf(index, stepId, n, at);
     const worker = workerOf(e['worker']);
     if (attempt !== undefined && worker !== null && !attempt.workers.includes(worker)) {
@@ -368,6 +371,10 @@ function readEvent(src: RunTraceSources, index: EventIndex, read: ReadEvent): vo
       // A gate starts waiting when its step goes to WAITING_APPROVAL outside any attempt.
       if (e['to'] === 'WAITING_APPROVAL' && num(e['attempt']) === 0) {
         index.gateSince.set(stepId, at);
+      }
+      // Skipped with no event of its own: every dependency was skipped by a false condition.
+      if (e['from'] === 'PENDING' && e['to'] === 'SKIPPED' && !index.skips.has(stepId)) {
+        index.skips.set(stepId, { at, reason: CONDITION_FALSE, by: null });
       }
       break;
     case 'run.cancelled':

@@ -31,7 +31,8 @@ export type HumanGateStepInput = z.input<typeof humanGateStepSchema>;
 
 /**
  * Fields every kind of step takes: `dependsOn`, `effects`, `policyTags`, `riskLevel`,
- * `cachePolicy`, `idempotency`, `gate`, `retry`, `budgets`, `timeoutMs`, `description`, `input`.
+ * `cachePolicy`, `idempotency`, `gate`, `retry`, `budgets`, `timeoutMs`, `when`, `description`,
+ * `input`.
  * A field left out (or `undefined`) is left out of the step, so the schema default applies.
  */
 export type StepOptions = Omit<HumanGateStepInput, 'kind' | 'id'>;

@@ -15,6 +15,7 @@ import {
   runBudgetsSchema,
   stepBudgetsSchema,
   stepSchemasByKind,
+  whenSchema,
   type Plan,
 } from './schema.js';
 
@@ -159,6 +160,8 @@ function allowedKeysAt(path: readonly PropertyKey[], root: unknown): string[] | 
       return keysOf(idempotencySchema);
     case 'steps/#/gate':
       return keysOf(gateSchema);
+    case 'steps/#/when':
+      return keysOf(whenSchema);
     case 'steps/#/cachePolicy':
       return cacheClass === undefined ? undefined : CACHE_KEYS[cacheClass];
     default:

@@ -196,6 +196,30 @@ export const gateSchema = z
   })
   .strict();
 
+const WHEN_FIX = 'give exactly one of equals: <JSON>, in: [<JSON>, ...] or exists: true|false';
+
+/**
+ * A condition on a step: the output of step `step` (an ancestor of the step), at `path` (dot-separated
+ * keys and array indexes; the whole output when absent), tested with exactly one of `equals` (deep
+ * JSON equality), `in` (equal to one of the values) or `exists` (the value is there and not null,
+ * or, with `false`, is not). A false condition skips the step (reason `condition_false`).
+ */
+export const whenSchema = z
+  .object({
+    step: nonEmpty(),
+    path: nonEmpty().optional(),
+    equals: jsonValueSchema.optional(),
+    in: z.array(jsonValueSchema).min(1).optional(),
+    exists: z.boolean().optional(),
+  })
+  .strict()
+  .superRefine((w, ctx) => {
+    const given = [w.equals, w.in, w.exists].filter((v) => v !== undefined).length;
+    if (given !== 1) ctx.addIssue({ code: 'custom', message: WHEN_FIX });
+  });
+/** A step's condition (see {@link whenSchema}). */
+export type StepCondition = z.output<typeof whenSchema>;
+
 /** Fields every kind of step has. */
 const commonStepShape = {
   id: stepIdSchema,
@@ -215,6 +239,8 @@ const commonStepShape = {
   retry: retryPolicyInputSchema.optional(),
   budgets: stepBudgetsSchema.optional(),
   timeoutMs: positiveInt().optional(),
+  /** Run the step only when this condition on an ancestor's output holds; else it is skipped. */
+  when: whenSchema.optional(),
 };
 
 /** A step that runs a registered operator. */
@@ -709,6 +735,8 @@ export function checkPlanSemantics(plan: unknown): PlanSemanticIssue[] {
     }
   });
 
+  issues.push(...checkConditions(steps, edges, firstIndex, allIdsReadable));
+
   const ids = [...edges.keys()];
   for (const { cycle, component } of findDependencyCycles(ids, (id) => edges.get(id) ?? [])) {
     const start = cycle[0]!;
@@ -720,6 +748,57 @@ export function checkPlanSemantics(plan: unknown): PlanSemanticIssue[] {
         (others.length === 0 ? '' : `; also caught in cycles with them: ${others.join(', ')}`),
     });
   }
+  return issues;
+}
+
+/** The steps `id` depends on, directly or through others (cycles tolerated). */
+function ancestorsOf(id: string, edges: ReadonlyMap<string, string[]>): Set<string> {
+  const seen = new Set<string>();
+  const todo = [...(edges.get(id) ?? [])];
+  while (todo.length > 0) {
+    const next = todo.pop()!;
+    if (seen.has(next)) continue;
+    seen.add(next);
+    todo.push(...(edges.get(next) ?? []));
+  }
+  return seen;
+}
+
+/**
+ * A condition names a step whose output is known when the step is about to run: one of its
+ * dependencies, or an ancestor of one.
+ */
+function checkConditions(
+  steps: unknown[],
+  edges: ReadonlyMap<string, string[]>,
+  firstIndex: ReadonlyMap<string, number>,
+  allIdsReadable: boolean,
+): Issue[] {
+  const issues: Issue[] = [];
+  steps.forEach((step: unknown, i) => {
+    if (!isRecord(step) || !isRecord(step.when) || typeof step.when.step !== 'string') return;
+    const named = step.when.step;
+    const id = typeof step.id === 'string' ? step.id : undefined;
+    const path = ['steps', i, 'when', 'step'];
+    if (!firstIndex.has(named)) {
+      if (!allIdsReadable) return;
+      const guess = closestMatch(named, firstIndex.keys());
+      issues.push({
+        path,
+        message: `unknown step ${JSON.stringify(named)}${guess === undefined ? '' : ` (did you mean ${JSON.stringify(guess)}?)`}`,
+      });
+      return;
+    }
+    if (id === undefined || firstIndex.get(id) !== i) return;
+    if (ancestorsOf(id, edges).has(named)) return;
+    issues.push({
+      path,
+      message:
+        named === id
+          ? `step ${JSON.stringify(id)} has a condition on its own output: name a step it depends on`
+          : `the condition names step ${JSON.stringify(named)}, which is neither a dependency of step ${JSON.stringify(id)} nor an ancestor of one, so its output may not be there when the condition is tested: add ${JSON.stringify(named)} to dependsOn`,
+    });
+  });
   return issues;
 }
 
