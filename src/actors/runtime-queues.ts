@@ -217,7 +217,10 @@ export class RuntimeQueues {
     const jobs = await this.#dueUncarried(runId, envelope);
     // Sent together: an add under a finished job's id is a no-op, so the check costs no round trip.
     const [finished] = await Promise.all([
-      this.finishedJobs(runId, jobs.map((j) => j.opts.jobId)),
+      this.finishedJobs(
+        runId,
+        jobs.map((j) => j.opts.jobId),
+      ),
       jobs.length > 0 ? this.add(jobs) : undefined,
     ]);
     if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#meta.ended(runId);

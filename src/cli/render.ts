@@ -630,7 +630,8 @@ export function routingLines(routing: NonNullable<RunReport['routing']>): string
     );
   }
   if (routing.liveWorkers === 0) {
-    const seen = routing.lastSeen === null ? 'none seen yet' : `last seen ${clock(routing.lastSeen)}`;
+    const seen =
+      routing.lastSeen === null ? 'none seen yet' : `last seen ${clock(routing.lastSeen)}`;
     lines.push(`  no worker on queue ${routing.queue}; ${seen}`);
   }
   return lines;

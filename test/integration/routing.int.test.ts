@@ -49,7 +49,7 @@ describe('routing units to the workers of their job module', { timeout: 120_000 
 
   /** The calls the operators logged: module, operator, run, pid. */
   function calls(): { module: string; operator: string; runId: string; pid: number }[] {
-    let text = '';
+    let text: string;
     try {
       text = readFileSync(log, 'utf8');
     } catch {
@@ -139,9 +139,7 @@ describe('routing units to the workers of their job module', { timeout: 120_000 
       status: 'READY',
       attempt: 1,
     });
-    expect(calls().filter((c) => c.runId === routed.runId || c.runId === shared.runId)).toEqual(
-      [],
-    );
+    expect(calls().filter((c) => c.runId === routed.runId || c.runId === shared.runId)).toEqual([]);
 
     // A worker of beta starts: both runs finish, on it.
     const beta2 = await worker(BETA);
