@@ -1,4 +1,5 @@
 import { Queue } from 'bullmq';
+import { InputValidationError } from '../errors.js';
 import type { Redis } from 'ioredis';
 import type { AppliedEvent } from './run-host.js';
 import type { StreamedText } from '../execution/ports.js';
@@ -137,7 +138,13 @@ export class RuntimeQueues {
    * started before runs recorded their queue).
    */
   async runQueueName(runId: string): Promise<string> {
-    return (await this.#meta.read(runId)).queue ?? this.queueName;
+    try {
+      return (await this.#meta.read(runId)).queue ?? this.queueName;
+    } catch (error) {
+      // A run whose meta is gone (removed meanwhile): its job, if any, finds no run and ends.
+      if (error instanceof InputValidationError) return this.queueName;
+      throw error;
+    }
   }
 
   /** The queue the run's units go to (see {@link runQueueName}). */

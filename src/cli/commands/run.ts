@@ -395,7 +395,7 @@ export async function cmdWorker(ctx: Ctx): Promise<number> {
       });
       await worker.ready();
       console.log(
-        `flujo worker: processing runs on ${conn.target} (prefix ${conn.prefix}, queues ${queues.join(', ')}, concurrency ${concurrency}) with the operators of ${job.path}; Ctrl-C stops it`,
+        `flujo worker: processing runs on ${conn.target} (prefix ${conn.prefix}, concurrency ${concurrency}) with the operators of ${job.path}, from queues ${queues.join(', ')}; Ctrl-C stops it`,
       );
       const hideStatus = showStatus(worker, statusEvery);
       await stopped;
