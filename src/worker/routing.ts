@@ -6,6 +6,7 @@
  * (`flujo status` says so) until a worker that knows the name takes it.
  */
 import type { RuntimeCore } from '../actors/core.js';
+import { InputValidationError } from '../errors.js';
 import { JobName, type JobData } from '../actors/jobs.js';
 import type { WorkerIdentity } from '../persistence/unit-notes.js';
 
@@ -32,7 +33,14 @@ export async function missingFor(
   data: JobData,
 ): Promise<Missing | null> {
   if ((name !== JobName.step && name !== JobName.turn) || data.stepId === undefined) return null;
-  const meta = await core.meta.read(data.runId);
+  let meta;
+  try {
+    meta = await core.meta.read(data.runId);
+  } catch (error) {
+    // A run whose meta is gone: the unit's own guard finds no run.
+    if (error instanceof InputValidationError) return null;
+    throw error;
+  }
   const step = meta.plan.steps.find((s) => s.id === data.stepId);
   if (step === undefined) return null;
   const { operators, agents } = core.registry;

@@ -104,7 +104,7 @@ export interface WorkerOptions {
   queues?: readonly string[];
   /**
    * How often, in ms, the worker writes its heartbeat (see `runtime.workers()`); it holds three
-   * times as long. @defaultValue 5000
+   * times as long. A whole number, at least 100. @defaultValue 5000
    */
   heartbeatMs?: number;
 }
@@ -133,6 +133,18 @@ function checkSweepEvery(value: unknown): number {
     {
       path: 'sweepEveryMs',
       message: `must be 0 (no periodic sweep) or a whole number of milliseconds of at least 100, got ${typeof value === 'number' ? String(value) : (JSON.stringify(value) ?? typeof value)}`,
+    },
+  ]);
+}
+
+/** The heartbeat interval option, checked: a whole number of ms, at least 100. */
+function checkHeartbeat(value: unknown): number {
+  if (value === undefined) return 5000;
+  if (typeof value === 'number' && Number.isInteger(value) && value >= 100) return value;
+  throw new InputValidationError('worker options', [
+    {
+      path: 'heartbeatMs',
+      message: `must be a whole number of milliseconds of at least 100, got ${JSON.stringify(value) ?? typeof value}`,
     },
   ]);
 }
@@ -312,16 +324,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
   const models = [...core.registry.agents.values()].map((agent) => agent.model);
   if (models.length > 0) void preloadTokenizers(models).catch(() => {});
 
-  const ready = (async () => {
-    await subscriber.subscribe(core.queues.abortChannel());
-    await heartbeat();
-    if (options.recoverOnStart ?? true) await recover();
-    for (const w of workers) void w.run().catch(() => {});
-    await Promise.all(workers.map((w) => w.waitUntilReady()));
-    if (sweepEveryMs > 0 && !closing.signal.aborted) scheduleSweep();
-  })();
-
-  const heartbeatMs = options.heartbeatMs ?? 5000;
+  const heartbeatMs = checkHeartbeat(options.heartbeatMs);
   const startedAt = core.clock();
   /** Writes the worker's heartbeat (see `heartbeat.ts`); trouble with Redis skips one. */
   async function heartbeat(): Promise<void> {
@@ -342,6 +345,15 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       heartbeatMs * 3,
     ).catch(() => {});
   }
+  const ready = (async () => {
+    await subscriber.subscribe(core.queues.abortChannel());
+    await heartbeat();
+    if (options.recoverOnStart ?? true) await recover();
+    for (const w of workers) void w.run().catch(() => {});
+    await Promise.all(workers.map((w) => w.waitUntilReady()));
+    if (sweepEveryMs > 0 && !closing.signal.aborted) scheduleSweep();
+  })();
+
   const beating = setInterval(() => void heartbeat(), heartbeatMs);
   beating.unref();
 
