@@ -99,7 +99,7 @@ Usage:
       (tokens and USD) and how each reservation was reconciled; the run's totals
   flujo ui [--port P] [--host H]                 a local web view of the runs: the list with
       filters, a live page per run (steps, attempts, timeline, tool calls, usage), approve /
-      reject forms and the schedules (/schedules); on 127.0.0.1:7400 unless told otherwise (--port 0: any free port); runs
+      reject forms, the schedules (/schedules) and the live workers (/workers); on 127.0.0.1:7400 unless told otherwise (--port 0: any free port); runs
       until Ctrl-C
   flujo replay <runId> --mode reproduce|replay|regenerate [--from STEP] [--allow-effects] [--json]
       reproduce: the run's stored outcomes, events and model replies, and a check that its events

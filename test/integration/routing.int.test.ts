@@ -4,7 +4,8 @@
  * queue are run only by that module's worker; `flujo workers --json` lists both; a worker killed
  * stops being listed once its heartbeat lapses; a run whose module has no worker waits, its
  * status says so (no worker on its queue; a unit put back by a worker that lacks its operator),
- * and it finishes once a worker of its module starts. The real binary (bin/flujo.js → dist).
+ * and it finishes once a worker of its module starts. The web view's workers page lists the
+ * workers. The real binary (bin/flujo.js → dist).
  */
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -12,6 +13,7 @@ import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { createRuntime, jobQueueName, type PlanInput, type Runtime } from '../../src/index.js';
 import { silentLogger } from '../../src/logging.js';
+import { startUi } from '../../src/ui/server.js';
 import type { WorkerInfo } from '../../src/worker/heartbeat.js';
 import { plan as alphaPlan } from '../fixtures/jobs/routed-alpha.js';
 import { plan as betaPlan } from '../fixtures/jobs/routed-beta.js';
@@ -88,6 +90,21 @@ describe('routing units to the workers of their job module', { timeout: 120_000 
       queues: ['plan.beta', 'runs'],
       operators: ['beta_fetch', 'beta_sum'],
     });
+
+    // The web view's workers page lists them too.
+    const ui = await startUi(rt, { port: 0 });
+    try {
+      const html = await (await fetch(`${ui.url}workers`)).text();
+      const rows = html.split('<tr data-worker=').slice(1);
+      expect(rows).toHaveLength(2);
+      for (const w of listed) {
+        const row = rows.find((r) => r.includes(`/${w.pid}</td>`));
+        expect(row).toContain(`<span class="mono">plan.${w.operators[0]!.split('_')[0]!}</span>`);
+        expect(row).toContain(`<span class="mono">${w.operators[0]!}</span>`);
+      }
+    } finally {
+      await ui.close();
+    }
 
     // 50 runs of each module, started through the API on the module's queue.
     const started = await Promise.all(
