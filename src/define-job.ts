@@ -57,6 +57,13 @@ export interface JobDefinition<P extends PlanInput = PlanInput> {
    * `runtime.schedule(id, { ...options, plan })` would. `plan`, if given, names the job's plan.
    */
   schedules?: Record<string, Omit<ScheduleOptions, 'plan'> & { plan?: string }>;
+  /**
+   * The BullMQ queue of the job's runs: the runs the CLI starts with the module record it, and
+   * `flujo worker` takes units from it (and from the default queue `runs`). Give a start through
+   * the API the same (`createRuntime({ queueName })` or `runtime.start(…, { queue })`).
+   * @defaultValue `plan.<plan name>` (see `jobQueueName`)
+   */
+  queue?: string;
 }
 
 /**

@@ -214,7 +214,10 @@ export type {
   ScheduleFire,
   ScheduleInfo,
   ScheduleOptions,
+  RunRouting,
+  WorkerInfo,
 } from './runtime.js';
+export { jobQueueName } from './persistence/keys.js';
 export type { CoreOptions, StepFailureInfo } from './actors/core.js';
 export type { RetentionOptions } from './persistence/retention.js';
 export type { DurabilityOptions } from './persistence/replicas.js';

@@ -21,6 +21,7 @@ import type { ReplayedRun, ReplayOptions, ReproducedRun } from './worker/replay.
 import { listRuns, type RunListEntry, type RunListFilter } from './worker/run-list.js';
 import { startWorker, type FlujoWorker, type WorkerOptions } from './worker/worker.js';
 import type { StartOptions } from './worker/start-run.js';
+import { liveWorkers, type WorkerInfo } from './worker/heartbeat.js';
 import {
   checkInspectOption,
   commitInspector,
@@ -68,13 +69,14 @@ import {
 import type { ScheduleOptions } from './worker/schedule-definition.js';
 import type { ScheduleFire } from './worker/schedule-store.js';
 
-export type { StartOptions };
+export type { StartOptions, WorkerInfo };
 export type { DecisionInput, SkipInput } from './operations/decisions.js';
 export {
   IDLE_WORK_MS,
   type PendingApproval,
   type PendingWait,
   type RunReport,
+  type RunRouting,
   type RunUsage,
   type StepProgress,
 } from './operations/reading.js';
@@ -280,7 +282,12 @@ export interface Runtime {
   removeSchedule(id: string): Promise<void>;
   /** Fires a schedule now (under its overlap policy, paused or not); returns the fire. */
   triggerSchedule(id: string): Promise<ScheduleFire>;
-  /** Starts a worker on this runtime's queue. */
+  /**
+   * The live workers of this prefix (a heartbeat that has not lapsed): each one's host, pid,
+   * queues, operators, agents, units in flight and latest beat, by host then pid.
+   */
+  workers(): Promise<WorkerInfo[]>;
+  /** Starts a worker on this runtime's queue (or the queues `options.queues` names). */
   createWorker(options?: WorkerOptions): FlujoWorker;
   /** Closes the runtime's connections (not a Redis client passed in). */
   close(): Promise<void>;
@@ -298,6 +305,7 @@ const BOUNDED = [
   'cancel',
   'resume',
   'status',
+  'workers',
   'ledger',
   'usage',
   'setTenantQuota',
@@ -384,6 +392,7 @@ export function createRuntime(options: RuntimeOptions): Runtime {
     resumeSchedule: (id) => resumeSchedule(core, id),
     removeSchedule: (id) => removeSchedule(core, id),
     triggerSchedule: (id) => triggerSchedule(core, id),
+    workers: () => liveWorkers(core.redis, core.stores.keys, core.clock()),
     createWorker: (o) => startWorker(core, o),
     close: () => core.close(),
   };

@@ -2,7 +2,7 @@ import type { Cluster, Redis } from 'ioredis';
 import { commitSpans } from '../observability/commit-spans.js';
 import { createRunHost, type AppliedEvent, type RunHost } from './run-host.js';
 import { InputValidationError, type SerializedError } from '../errors.js';
-import { createKeys } from '../persistence/keys.js';
+import { assertQueueName, createKeys, DEFAULT_QUEUE_NAME } from '../persistence/keys.js';
 import { coalesceWrites, flushWrites } from '../persistence/write-coalescing.js';
 import { checkRedisTimeout } from '../persistence/redis-errors.js';
 import { asCommandClient, duplicateClient, openRedis } from '../persistence/connection.js';
@@ -72,7 +72,11 @@ export interface CoreOptions {
   durability?: DurabilityOptions;
   /** Tenant of runs started without one. @defaultValue `'default'` */
   tenantId?: string;
-  /** BullMQ queue name. @defaultValue `'runs'` */
+  /**
+   * BullMQ queue name: the queue of the runs this runtime starts (each run records it), of its
+   * schedules' fires, and the one its workers take units from unless told others. Runs of
+   * different job modules belong on different queues (see `jobQueueName`). @defaultValue `'runs'`
+   */
   queueName?: string;
   /** The clock, epoch ms (tests may pin it). @defaultValue `Date.now` */
   clock?: () => number;
@@ -294,12 +298,13 @@ export class RuntimeCore {
       }),
     );
     this.#queueConnection.on('error', () => {});
+    if (options.queueName !== undefined) assertQueueName(options.queueName, 'queueName');
     this.queues = new RuntimeQueues({
       redis: this.redis,
       queueConnection: this.#queueConnection,
       openSubscriber: () => duplicateClient(this.redis),
       keys,
-      queueName: options.queueName ?? 'runs',
+      queueName: options.queueName ?? DEFAULT_QUEUE_NAME,
       clock: this.clock,
       meta: this.meta,
     });

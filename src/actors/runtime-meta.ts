@@ -24,6 +24,11 @@ export interface RunMeta {
   cache: RunCacheOptions;
   /** What the run replays, when it is a replay of another run. */
   replay: ReplayOrigin | null;
+  /**
+   * The BullMQ queue the run's units go to, as recorded when it was created; null for a run
+   * created before runs recorded one (its units go to the queue of the runtime that adds them).
+   */
+  queue: string | null;
 }
 
 /**
@@ -86,6 +91,7 @@ export class RuntimeMeta {
         refresh: raw['refreshCache'] === '1',
       },
       replay: replayOriginOf(raw),
+      queue: raw['queue'] ?? null,
     };
     if (this.#metaCache.size > 10_000) this.#metaCache.clear();
     this.#metaCache.set(runId, meta);

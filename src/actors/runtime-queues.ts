@@ -1,4 +1,5 @@
 import { Queue } from 'bullmq';
+import { InputValidationError } from '../errors.js';
 import type { Redis } from 'ioredis';
 import type { AppliedEvent } from './run-host.js';
 import type { StreamedText } from '../execution/ports.js';
@@ -65,7 +66,7 @@ export interface RuntimeQueuesOptions {
   openSubscriber: () => Redis;
   /** The names of the runtime's keys. */
   keys: Keys;
-  /** The BullMQ queue name. */
+  /** The BullMQ queue name: the queue of the runs this runtime starts, and of its schedules. */
   queueName: string;
   /** The runtime's clock, epoch ms. */
   clock: () => number;
@@ -83,7 +84,7 @@ export class RuntimeQueues {
   readonly queueName: string;
   /** Aborts, streamed text and progress, published live. */
   readonly channels: RunChannels;
-  #queue: Queue | undefined;
+  readonly #queues = new Map<string, Queue>();
   #watcher: StreamWatcher | undefined;
   #subscriber: Redis | undefined;
   readonly #listeners = new Map<string, Set<(message: string) => void>>();
@@ -113,15 +114,42 @@ export class RuntimeQueues {
    * runtime that only reads (status, reproduce) writes nothing.
    */
   get queue(): Queue {
-    if (this.#queue === undefined) {
-      this.#queue = new Queue(this.queueName, {
+    return this.queueNamed(this.queueName);
+  }
+
+  /** The queue named `name` (made on first use, then kept), under the runtime's queue prefix. */
+  queueNamed(name: string): Queue {
+    let queue = this.#queues.get(name);
+    if (queue === undefined) {
+      queue = new Queue(name, {
         connection: this.#queueConnection,
         prefix: this.#keys.queuePrefix(),
         defaultJobOptions: JOB_DEFAULTS,
       });
-      this.#queue.on('error', () => {});
+      queue.on('error', () => {});
+      this.#queues.set(name, queue);
     }
-    return this.#queue;
+    return queue;
+  }
+
+  /**
+   * The name of the queue the run's units go to: the one its meta records (the queue of the runtime
+   * that started it, or the start's `queue`), or this runtime's for a run that records none (one
+   * started before runs recorded their queue).
+   */
+  async runQueueName(runId: string): Promise<string> {
+    try {
+      return (await this.#meta.read(runId)).queue ?? this.queueName;
+    } catch (error) {
+      // A run whose meta is gone (removed meanwhile): its job, if any, finds no run and ends.
+      if (error instanceof InputValidationError) return this.queueName;
+      throw error;
+    }
+  }
+
+  /** The queue the run's units go to (see {@link runQueueName}). */
+  async runQueue(runId: string): Promise<Queue> {
+    return this.queueNamed(await this.runQueueName(runId));
   }
 
   /**
@@ -157,7 +185,8 @@ export class RuntimeQueues {
       const i = jobs.findIndex((j) => j.opts.jobId === carried.unit);
       // Active includes a carrier whose worker died and whose lock has not lapsed yet: the stalled
       // check hands it back to the queue, and its guard (here, as `self`) gives the unit its job.
-      if (i >= 0 && (await this.queue.getJobState(carried.job)) === 'active') {
+      const queue = await this.runQueue(runId);
+      if (i >= 0 && (await queue.getJobState(carried.job)) === 'active') {
         return jobs.filter((_, k) => k !== i);
       }
     }
@@ -165,12 +194,13 @@ export class RuntimeQueues {
   }
 
   /**
-   * The ids among `jobIds` of jobs that have finished (completed or failed): two `ZSCORE`s each on
-   * the queue's slot, sent at once (no pipeline object: it costs more than the commands).
+   * The ids among `jobIds` (jobs of run `runId`) of jobs that have finished (completed or failed):
+   * two `ZSCORE`s each on the run's queue, sent at once (no pipeline object: it costs more than the
+   * commands).
    */
-  async finishedJobs(jobIds: readonly string[]): Promise<string[]> {
+  async finishedJobs(runId: string, jobIds: readonly string[]): Promise<string[]> {
     if (jobIds.length === 0) return [];
-    const { completed, failed } = this.queue.keys;
+    const { completed, failed } = (await this.runQueue(runId)).keys;
     const redis = this.#queueConnection;
     const scores = await Promise.all(
       jobIds.flatMap((id) => [redis.zscore(completed!, id), redis.zscore(failed!, id)]),
@@ -194,7 +224,10 @@ export class RuntimeQueues {
     const jobs = await this.#dueUncarried(runId, envelope);
     // Sent together: an add under a finished job's id is a no-op, so the check costs no round trip.
     const [finished] = await Promise.all([
-      this.finishedJobs(jobs.map((j) => j.opts.jobId)),
+      this.finishedJobs(
+        runId,
+        jobs.map((j) => j.opts.jobId),
+      ),
       jobs.length > 0 ? this.add(jobs) : undefined,
     ]);
     if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#meta.ended(runId);
@@ -213,7 +246,7 @@ export class RuntimeQueues {
    * (`ZSCAN`, up to BullMQ's 20 000 kept of each).
    */
   async redriveDue(runId: string, envelope: { snapshot: RunSnapshot }): Promise<void> {
-    const queue = this.queue;
+    const queue = await this.runQueue(runId);
     const redis = this.#queueConnection;
     for (const set of [queue.keys['completed'], queue.keys['failed']]) {
       if (set === undefined) continue;
@@ -273,7 +306,8 @@ export class RuntimeQueues {
   async removeTimers(runId: string, changes: readonly StepChange[]): Promise<void> {
     for (const c of changes) {
       if (c.from !== 'WAITING') continue;
-      await this.queue.remove(timerJobId(runId, c.stepId, c.attempt)).catch(() => 0);
+      const queue = await this.runQueue(runId);
+      await queue.remove(timerJobId(runId, c.stepId, c.attempt)).catch(() => 0);
     }
   }
 
@@ -289,15 +323,29 @@ export class RuntimeQueues {
     if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#meta.ended(runId);
   }
 
-  /** Adds jobs in one round trip. */
+  /**
+   * Adds jobs, each to the queue of its run (see {@link runQueueName}): every unit job of a run,
+   * whoever adds it (a start, a commit, a retry, a deadline, a wake, a sweep), goes to one queue.
+   * One round trip per queue.
+   */
   async add(jobs: JobSpec[]): Promise<void> {
-    // One job (the common case) needs no pipeline, which costs more than the script call itself.
-    if (jobs.length === 1) {
-      const [j] = jobs as [JobSpec];
-      await this.queue.add(j.name, j.data, j.opts);
-      return;
+    const byQueue = new Map<string, JobSpec[]>();
+    for (const j of jobs) {
+      const name = await this.runQueueName(j.data.runId);
+      const list = byQueue.get(name);
+      if (list === undefined) byQueue.set(name, [j]);
+      else list.push(j);
     }
-    await this.queue.addBulk(jobs.map((j) => ({ name: j.name, data: j.data, opts: j.opts })));
+    for (const [name, list] of byQueue) {
+      const queue = this.queueNamed(name);
+      // One job (the common case) needs no pipeline, which costs more than the script call itself.
+      if (list.length === 1) {
+        const [j] = list as [JobSpec];
+        await queue.add(j.name, j.data, j.opts);
+      } else {
+        await queue.addBulk(list.map((j) => ({ name: j.name, data: j.data, opts: j.opts })));
+      }
+    }
   }
 
   /** Schedules the run's wall-clock deadline, if its plan has one. */
@@ -418,6 +466,6 @@ export class RuntimeQueues {
     this.#watcher = undefined;
     this.#subscriber?.disconnect();
     this.#subscriber = undefined;
-    await this.#queue?.close();
+    await Promise.all([...this.#queues.values()].map((q) => q.close()));
   }
 }

@@ -324,6 +324,7 @@ export async function connect(options: ConnectOptions): Promise<Connection> {
               strictPricing: job.strictPricing,
               ...(job.pricing === undefined ? {} : { pricing: job.pricing }),
               signals: { [job.plan.name]: job.signals },
+              queueName: job.queue,
             }),
       });
       return runtime;

@@ -39,6 +39,7 @@ import {
 } from '../worker/schedule-definition.js';
 import { projectRoot } from './connect.js';
 import { loadPricingFile, parsePricing, type PricingTable } from '../llm/pricing.js';
+import { DEFAULT_QUEUE_NAME, jobQueueName, QUEUE_NAME_PATTERN } from '../persistence/keys.js';
 
 /** What `setup` receives. */
 export interface SetupContext {
@@ -81,6 +82,20 @@ export interface JobModule {
   signals: Record<string, SignalSchema>;
   /** The module's `schedules`, by id, each with the module's plan: `flujo worker` defines them. */
   schedules: Record<string, ScheduleOptions>;
+  /**
+   * The queue of the module's runs: its `queue` export, else {@link jobQueueName} of its plan's
+   * name. The runs the CLI starts with the module record it; its workers take units from it.
+   */
+  queue: string;
+}
+
+/**
+ * The queues a worker of a job module started by the CLI takes units from: the module's own, and
+ * the default queue (`runs`), where runs started by a runtime with no `queueName` (and start jobs
+ * of a producer that names no other queue) have their units.
+ */
+export function cliWorkerQueues(job: Pick<JobModule, 'queue'>): string[] {
+  return [...new Set([job.queue, DEFAULT_QUEUE_NAME])];
 }
 
 const isRecord = (v: unknown): v is Record<string, unknown> =>
@@ -125,7 +140,9 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
     badInput(`job module ${name}: strictPricing must be true or false`);
   }
   const signals = checkSignals(name, mod['signals'], plan);
+  const queue = checkQueue(name, mod['queue'], plan.name);
   return {
+    queue,
     path,
     file,
     plan,
@@ -293,7 +310,19 @@ export const JOB_EXPORTS = [
   'strictPricing',
   'signals',
   'schedules',
+  'queue',
 ] as const;
+
+/** The module's `queue`: a valid queue name, or by default the one its plan's name gives. */
+function checkQueue(name: string, value: unknown, planName: string): string {
+  if (value === undefined) return jobQueueName(planName);
+  if (typeof value !== 'string' || !QUEUE_NAME_PATTERN.test(value)) {
+    badInput(
+      `job module ${name}: queue must be a string of 1 to 200 characters without ":", e.g. \`export const queue = 'newsletter'\``,
+    );
+  }
+  return value;
+}
 
 /**
  * The module's `signals`: each a valid signal name with a zod schema; when it declares any, every

@@ -24,7 +24,10 @@ Usage:
       Go on with a run: a failed run is resumed, a running one continued (e.g. after its command
       was killed); an ended or waiting run is only reported.
   flujo worker <job-module> [--concurrency N] [--status-every MS]
-      a long-running worker; Ctrl-C stops it gracefully. Its status (the units it runs: run,
+      a long-running worker; Ctrl-C stops it gracefully. It takes units from the module's queue
+      (its queue export, else plan.<plan name>) and from the default queue runs, --concurrency
+      units at once from each; a unit whose operator or agent it does not know goes back to its
+      queue untried (status says so). Its status (the units it runs: run,
       step, attempt, turn, since; units done, failed and busy since it started) goes to stderr:
       on a terminal a line whenever it changes; with --status-every MS a JSON line
       {"type":"worker.status",...} every MS; on SIGUSR2 (kill -USR2 <pid>) a JSON line at once
@@ -49,6 +52,9 @@ Usage:
       the run and its steps, each attempt of a step that ran more than once with its error;
       exits with the run's code. Errors are whole (every line, causes); --verbose: with their
       stack traces; --full: payloads and call ids uncut
+  flujo workers [--json]
+      the live workers of the prefix (a heartbeat within the last 15 s): host/pid, queues,
+      operators, agents, units in flight, last beat
   flujo list [--status S] [--plan P] [--tenant T] [--since T] [--until T] [--limit N] [--json]
       runs newest first: plan, tenant, status, start, duration, the step that waits, or a failed
       run's blocked step and reason; T is an ISO time or an age like 30m, 6h, 2d
@@ -93,7 +99,7 @@ Usage:
       (tokens and USD) and how each reservation was reconciled; the run's totals
   flujo ui [--port P] [--host H]                 a local web view of the runs: the list with
       filters, a live page per run (steps, attempts, timeline, tool calls, usage), approve /
-      reject forms and the schedules (/schedules); on 127.0.0.1:7400 unless told otherwise (--port 0: any free port); runs
+      reject forms, the schedules (/schedules) and the live workers (/workers); on 127.0.0.1:7400 unless told otherwise (--port 0: any free port); runs
       until Ctrl-C
   flujo replay <runId> --mode reproduce|replay|regenerate [--from STEP] [--allow-effects] [--json]
       reproduce: the run's stored outcomes, events and model replies, and a check that its events
@@ -130,14 +136,16 @@ Job module (run, resume, worker): an ES module (.js, .mjs or .ts; it imports the
               payload against them when the run records this module
   schedules   { id: { cron | everyMs, tz?, input?, overlap?, catchupWindowMs? } } (optional):
               flujo worker defines (or updates) each when it starts, with the module's plan
+  queue       the queue of its runs (optional; default plan.<plan name>): the runs run and
+              worker start record it, and flujo worker takes units from it
 The other commands need no job module: the plan is stored with the run.
 
 Redis: --redis URL, else REDIS_URL, else an embedded redis-server with AOF, its data in
 .flujo/redis of the project (the nearest folder up with .flujo/, else with package.json, else the
 working directory). The embedded server is started detached and KEEPS RUNNING
 after the command, so the next command (and a resume after a crash) reuses it; stop it with
-\`flujo redis stop\`. --prefix P (or FLUJO_PREFIX) sets the key prefix (default flujo); every
-worker on a prefix must know the operators of the runs on it. --by defaults to $USER, else "cli".
+\`flujo redis stop\`. --prefix P (or FLUJO_PREFIX) sets the key prefix (default flujo); each job
+module's runs go to its own queue, so several modules share a prefix. --by defaults to $USER, else "cli".
 A password in --redis is printed as *** in the commands flujo prints: set REDIS_URL instead.
 --replicas N (--replicas-timeout MS, default 1000): every write the runtime acts on is first
 acknowledged by N replicas (Redis WAIT); see docs/guides/redis-cluster.md.
@@ -224,6 +232,7 @@ const ALLOWED: Record<string, readonly string[]> = {
   dev: ['port', 'host', 'concurrency', ...CONNECTS],
   status: ['json', 'full', 'verbose', ...CONNECTS],
   list: ['status', 'plan', 'tenant', 'since', 'until', 'limit', 'json', ...CONNECTS],
+  workers: ['json', ...CONNECTS],
   events: ['follow', 'full', 'verbose', 'json', ...CONNECTS],
   trace: ['out', 'html', ...CONNECTS],
   inspect: ['follow', 'url', 'json', ...CONNECTS],
@@ -263,6 +272,8 @@ async function dispatch(command: string, ctx: Ctx): Promise<number> {
       return (await import('./commands/dev.js')).cmdDev(ctx);
     case 'status':
       return (await import('./commands/read.js')).cmdStatus(ctx);
+    case 'workers':
+      return (await import('./commands/list.js')).cmdWorkers(ctx);
     case 'list':
       return (await import('./commands/list.js')).cmdList(ctx);
     case 'events':

@@ -613,7 +613,28 @@ export function statusLines(
     );
   }
   if (report.idle != null) lines.push(idleLine(report.idle, next));
+  if (report.routing != null) lines.push(...routingLines(report.routing));
   return lines.concat(lineageLines(report), summaryLines(report, undefined, options).slice(1));
+}
+
+/**
+ * Says why a run's due work is not taken: a worker put a unit back for want of its operator or
+ * agent ("no worker knows operator …"), or no live worker takes units from the run's queue.
+ */
+export function routingLines(routing: NonNullable<RunReport['routing']>): string[] {
+  const lines: string[] = [];
+  const p = routing.putBack;
+  if (p !== null) {
+    lines.push(
+      `  ${p.reason} on queue ${routing.queue}: worker ${p.host}/${p.pid} put a unit back at ${clock(p.at)}; it waits for a worker of the job module that defines it`,
+    );
+  }
+  if (routing.liveWorkers === 0) {
+    const seen =
+      routing.lastSeen === null ? 'none seen yet' : `last seen ${clock(routing.lastSeen)}`;
+    lines.push(`  no worker on queue ${routing.queue}; ${seen}`);
+  }
+  return lines;
 }
 
 /** Says that due work waits for a worker, and the commands that take it up. */

@@ -2,6 +2,7 @@
  * Reading runs: the status report, the stored snapshot, the ledger, the usage, the trace, and the
  * wait for a run to settle. Each a plain function of the runtime core; nothing here writes.
  */
+import { liveWorkers, queueBeats } from '../worker/heartbeat.js';
 import { summarize, type RunSummary } from '../actors/run-host.js';
 import { actionScopesOf } from '../execution/action-keys.js';
 import type { RuntimeCore } from '../actors/core.js';
@@ -98,8 +99,58 @@ export interface RunReport {
    * otherwise.
    */
   idle: { stepId: string; dueSince: number; idleMs: number } | null;
+  /** The BullMQ queue the run's units go to (see `StartOptions.queue`). */
+  queue: string;
+  /**
+   * Why a running run's due work may not be taken, when it may not: a worker put one of its units
+   * back untried for want of its operator or agent (within the last {@link PUT_BACK_SHOWN_MS}), or
+   * its queue has no live worker (with due work idle, see `idle`). Null otherwise.
+   */
+  routing: RunRouting | null;
   /** The latest progress each step's operator reported (`ctx.progress`), by step id. */
   progress: Record<string, StepProgress>;
+}
+
+/** See {@link RunReport.routing}. */
+export interface RunRouting {
+  queue: string;
+  /** The live workers that take units from the run's queue. */
+  liveWorkers: number;
+  /** The latest heartbeat of any worker on the queue (epoch ms), null if none was ever seen. */
+  lastSeen: number | null;
+  /** The latest unit a worker put back untried, and why. */
+  putBack: {
+    reason: string;
+    operator?: string;
+    agent?: string;
+    host: string;
+    pid: number;
+    at: number;
+  } | null;
+}
+
+/** How long after a worker put a run's unit back a report still says so. */
+export const PUT_BACK_SHOWN_MS = 15_000;
+
+/** What a report says of a running run's routing (see {@link RunReport.routing}). */
+async function routingOf(
+  core: RuntimeCore,
+  runId: string,
+  queue: string,
+  idle: RunReport['idle'],
+): Promise<RunRouting | null> {
+  const raw = await core.redis.get(core.stores.keys.unrouted(runId));
+  const now = core.clock();
+  const note = raw === null ? null : (JSON.parse(raw) as NonNullable<RunRouting['putBack']>);
+  const putBack = note !== null && note.at >= now - PUT_BACK_SHOWN_MS ? note : null;
+  if (putBack === null && idle === null) return null;
+  const [workers, beats] = await Promise.all([
+    liveWorkers(core.redis, core.stores.keys, now),
+    queueBeats(core.redis, core.stores.keys),
+  ]);
+  const liveWorkersOn = workers.filter((w) => w.queues.includes(queue)).length;
+  if (putBack === null && liveWorkersOn > 0) return null;
+  return { queue, liveWorkers: liveWorkersOn, lastSeen: beats[queue] ?? null, putBack };
 }
 
 /** What an operator last reported with `ctx.progress`. */
@@ -222,6 +273,8 @@ export async function readReport(core: RuntimeCore, runId: string): Promise<RunR
   const lineage = lineageFrom(runId, meta.replay, replays);
   const status = runStatus(env.snapshot);
   const steps = stepsAsStarted(runSteps(env.snapshot), started);
+  const idle = status === 'running' ? idleWork(steps, core.clock()) : null;
+  const queue = meta.queue ?? core.queues.queueName;
   return {
     runId,
     planName: env.snapshot.context.planName,
@@ -235,7 +288,9 @@ export async function readReport(core: RuntimeCore, runId: string): Promise<RunR
     createdAt: env.snapshot.context.createdAt,
     updatedAt: env.updatedAt,
     ...(lineage === undefined ? {} : { lineage }),
-    idle: status === 'running' ? idleWork(steps, core.clock()) : null,
+    idle,
+    queue,
+    routing: status === 'running' ? await routingOf(core, runId, queue, idle) : null,
     progress: progressOf(progress),
   };
 }

@@ -19,6 +19,7 @@ import {
 import {
   fireOnce,
   scheduleStore,
+  scheduleQueue,
   schedulerId,
   upsertScheduler,
 } from '../worker/schedule-firing.js';
@@ -94,12 +95,17 @@ export async function defineSchedule(
     paused: before?.paused ?? false,
     createdAt: before?.createdAt ?? now,
     updatedAt: now,
+    queue: core.queues.queueName,
   };
   // A new rule starts from now: the fires of the old one are not caught up on the new one's times.
   const ruleChanged =
     before !== null &&
     (before.cron !== def.cron || before.everyMs !== def.everyMs || before.tz !== def.tz);
   await store.put(def, now, ruleChanged);
+  // Defined again from a runtime on another queue: its job scheduler moves to that queue.
+  if (before !== null && scheduleQueue(core, before).name !== scheduleQueue(core, def).name) {
+    await scheduleQueue(core, before).removeJobScheduler(schedulerId(id));
+  }
   if (!def.paused) await upsertScheduler(core, def);
   return info(core, def);
 }
@@ -110,7 +116,7 @@ async function info(core: RuntimeCore, def: ScheduleDefinition): Promise<Schedul
   const [state, fires, scheduler] = await Promise.all([
     store.state(def.id),
     store.fires(def.id),
-    def.paused ? undefined : core.queues.queue.getJobScheduler(schedulerId(def.id)),
+    def.paused ? undefined : scheduleQueue(core, def).getJobScheduler(schedulerId(def.id)),
   ]);
   return {
     id: def.id,
@@ -142,7 +148,7 @@ export async function pauseSchedule(core: RuntimeCore, id: string): Promise<Sche
   const def = await existing(core, id);
   const paused = { ...def, paused: true, updatedAt: core.clock() };
   await scheduleStore(core).put(paused, core.clock());
-  await core.queues.queue.removeJobScheduler(schedulerId(id));
+  await scheduleQueue(core, def).removeJobScheduler(schedulerId(id));
   return info(core, paused);
 }
 
@@ -161,8 +167,8 @@ export async function resumeSchedule(core: RuntimeCore, id: string): Promise<Sch
 
 /** `runtime.removeSchedule`: its definition, fires and job scheduler go; its runs go on. */
 export async function removeSchedule(core: RuntimeCore, id: string): Promise<void> {
-  await existing(core, id);
-  await core.queues.queue.removeJobScheduler(schedulerId(id));
+  const def = await existing(core, id);
+  await scheduleQueue(core, def).removeJobScheduler(schedulerId(id));
   await scheduleStore(core).remove(id);
 }
 

@@ -71,6 +71,12 @@ export const RunKeyKind = {
    * `<index> <seq> <sha1 of payload> <name>`, so a retried send is a no-op).
    */
   Inbox: 'inbox',
+  /**
+   * STRING with a TTL (a minute, renewed while it holds): why a worker put one of the run's units
+   * back untried, JSON `{ reason, operator?, agent?, queue, host, pid, at }` (a worker that does not
+   * know the step's operator or agent). Read by status.
+   */
+  Unrouted: 'unrouted',
 } as const;
 /** A value of {@link RunKeyKind}. */
 export type RunKeyKind = (typeof RunKeyKind)[keyof typeof RunKeyKind];
@@ -178,6 +184,17 @@ export interface Keys {
   progress(runId: string): string;
   /** The run's inbox of signals (HASH, see `RunKeyKind.Inbox`). */
   inbox(runId: string): string;
+  /** Why a worker put one of the run's units back untried (STRING, see `RunKeyKind.Unrouted`). */
+  unrouted(runId: string): string;
+  /**
+   * ZSET of the live workers, scored by when their heartbeat lapses (epoch ms):
+   * `{<prefix>:workers}:live`. The workers' keys share the hash tag `{<prefix>:workers}`.
+   */
+  workersLive(): string;
+  /** STRING, JSON, with a TTL: one worker's latest heartbeat: `{<prefix>:workers}:w:<workerId>`. */
+  workerBeat(workerId: string): string;
+  /** HASH: queue name → the latest heartbeat of any worker on it (epoch ms): `{<prefix>:workers}:queues`. */
+  workerQueues(): string;
   /** STRING: the run id a request key maps to, per tenant. Not run-scoped. */
   requestKey(tenantId: string, requestKey: string): string;
   /** The BullMQ key prefix: hash-tagged, so every queue key shares one Redis Cluster slot. */
@@ -214,6 +231,32 @@ export function assertTenantId(tenantId: unknown, field = 'tenantId'): asserts t
   const problem = runIdProblem(tenantId);
   if (problem !== undefined) {
     throw new InputValidationError('tenant id', [{ path: field, message: problem }]);
+  }
+}
+
+/** The queue of a runtime created with no `queueName`. */
+export const DEFAULT_QUEUE_NAME = 'runs';
+
+/**
+ * The queue a job module's runs go to when it names none: `plan.<plan name>`, each ":" (which a
+ * queue name may not hold) replaced by `-`, cut to 200 characters.
+ */
+export function jobQueueName(planName: string): string {
+  return `plan.${planName}`.replace(/:/g, '-').slice(0, 200);
+}
+
+/** What a queue name looks like: 1 to 200 characters, none of them ":" (BullMQ refuses it). */
+export const QUEUE_NAME_PATTERN = /^[^:]{1,200}$/;
+
+/** Throws {@link InputValidationError} naming `field` unless `name` is a valid queue name. */
+export function assertQueueName(name: unknown, field = 'queue'): asserts name is string {
+  if (typeof name !== 'string' || !QUEUE_NAME_PATTERN.test(name)) {
+    throw new InputValidationError('queue name', [
+      {
+        path: field,
+        message: `must be a string of 1 to 200 characters without ":", e.g. "runs", got ${JSON.stringify(name)}`,
+      },
+    ]);
   }
 }
 
@@ -365,6 +408,10 @@ export function createKeys(prefix: string = DEFAULT_KEY_PREFIX): Keys {
     runInfo: () => `{${prefix}:runs}:info`,
     progress: (runId) => runKey(runId, RunKeyKind.Progress),
     inbox: (runId) => runKey(runId, RunKeyKind.Inbox),
+    unrouted: (runId) => runKey(runId, RunKeyKind.Unrouted),
+    workersLive: () => `{${prefix}:workers}:live`,
+    workerBeat: (workerId) => `{${prefix}:workers}:w:${scheduleKeyId(workerId)}`,
+    workerQueues: () => `{${prefix}:workers}:queues`,
     requestKey: (tenantId, requestKey) => {
       assertTenantId(tenantId);
       if (typeof requestKey !== 'string' || requestKey.length === 0 || requestKey.length > 512) {

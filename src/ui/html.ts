@@ -165,7 +165,7 @@ export function page(title: string, body: string, tail = ''): string {
 <style>${TIMELINE_CSS}${CSS}</style>
 </head>
 <body>
-<header class="top"><a class="brand" href="/">flujo</a><a href="/">runs</a><a href="/schedules">schedules</a><span class="muted">times in UTC</span></header>
+<header class="top"><a class="brand" href="/">flujo</a><a href="/">runs</a><a href="/schedules">schedules</a><a href="/workers">workers</a><span class="muted">times in UTC</span></header>
 ${body}
 ${tail}
 </body>

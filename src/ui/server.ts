@@ -41,6 +41,7 @@ import {
   type RunView,
 } from './html.js';
 import { renderSchedulesPage } from './schedules-html.js';
+import { renderWorkersPage } from './workers-html.js';
 
 /** Options of {@link startUi}. */
 export interface UiOptions {
@@ -444,6 +445,9 @@ export async function startUi(runtime: Runtime, options: UiOptions = {}): Promis
     if (url.pathname === '/list.json' && get) return listData(url, res);
     if (url.pathname === '/schedules' && get) {
       return send(res, 200, renderSchedulesPage(await runtime.schedules()));
+    }
+    if (url.pathname === '/workers' && get) {
+      return send(res, 200, renderWorkersPage(await runtime.workers()));
     }
     if (parts[0] !== 'runs' || parts[1] === undefined || parts[1] === '') throw notFound();
     const runId = runIdOf(parts[1]);

@@ -320,6 +320,8 @@ export async function startReplay(
     // Steps run again, not from the tenant's cache: a deterministic one is checked against its
     // stored output (NonDeterminismError when it differs).
     refreshCache: '1',
+    // On the queue of the run it replays: the workers of that run's job module run it.
+    queue: meta.queue ?? core.queues.queueName,
     ...replayMetaFields(origin),
   };
   // Listed before it exists, as a start lists its run: the list removes an entry whose run never

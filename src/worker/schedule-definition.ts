@@ -69,6 +69,12 @@ export interface ScheduleDefinition {
   /** When it was first defined, and last defined, epoch ms. */
   createdAt: number;
   updatedAt: number;
+  /**
+   * The queue of its fires and of the runs they start: the `queueName` of the runtime that
+   * defined it last. Absent for a schedule defined before schedules recorded one (then the queue
+   * of the runtime that handles it).
+   */
+  queue?: string;
 }
 
 /** What decides a schedule's fire times. */

@@ -8,6 +8,7 @@
  * outcome recorded and the run there, and starts nothing more.
  */
 import { FlujoError, RunAlreadyExistsError } from '../errors.js';
+import type { Queue } from 'bullmq';
 import type { RuntimeCore } from '../actors/core.js';
 import { JobName } from '../actors/jobs.js';
 import { debugPoint, DebugPoint } from '../internal/debug-points.js';
@@ -99,7 +100,8 @@ async function launch(
 ): Promise<ScheduleFire> {
   const runId = fire.runId!;
   try {
-    await launchRun(core, def.plan, def.input, { runId }, true);
+    const queue = def.queue === undefined ? {} : { queue: def.queue };
+    await launchRun(core, def.plan, def.input, { runId, ...queue }, true);
     return fire;
   } catch (error) {
     // The fire's run exists, started from an earlier definition of the schedule: it is the one.
@@ -113,9 +115,14 @@ async function launch(
 }
 
 /** Adds the job of a buffered fire (its id derived from the fire: added once). */
-async function addBufferedJob(core: RuntimeCore, id: string, fire: ScheduleFire): Promise<void> {
+async function addBufferedJob(
+  core: RuntimeCore,
+  def: ScheduleDefinition,
+  fire: ScheduleFire,
+): Promise<void> {
+  const id = def.id;
   const data: ScheduleJobData = { scheduleId: id, buffered: fire.key, fireAt: fire.at };
-  await core.queues.queue.add(JobName.schedule, data, {
+  await scheduleQueue(core, def).add(JobName.schedule, data, {
     jobId: `sb|${id}|${fire.key}`,
     delay: BUFFERED_POLL_MS,
   });
@@ -153,7 +160,7 @@ export async function fireOnce(
       debugPoint(DebugPoint.afterFireRecorded, def.id);
     }
     if (recorded.outcome === 'started') return launch(core, def, recorded);
-    if (recorded.outcome === 'buffered') await addBufferedJob(core, def.id, recorded);
+    if (recorded.outcome === 'buffered') await addBufferedJob(core, def, recorded);
     return recorded;
   }
 }
@@ -280,7 +287,12 @@ export async function upsertScheduler(core: RuntimeCore, def: ScheduleDefinition
     def.everyMs !== undefined
       ? { every: def.everyMs, startDate: nextFire(def, core.clock()) }
       : { pattern: def.cron!, ...(def.tz === undefined ? {} : { tz: def.tz }) };
-  await core.queues.queue.upsertJobScheduler(schedulerId(def.id), repeat, template(def.id));
+  await scheduleQueue(core, def).upsertJobScheduler(schedulerId(def.id), repeat, template(def.id));
+}
+
+/** The queue of the schedule's job scheduler, fires and runs (see `ScheduleDefinition.queue`). */
+export function scheduleQueue(core: RuntimeCore, def: Pick<ScheduleDefinition, 'queue'>): Queue {
+  return core.queues.queueNamed(def.queue ?? core.queues.queueName);
 }
 
 /**
@@ -295,7 +307,7 @@ export async function tendSchedules(core: RuntimeCore, signal: AbortSignal): Pro
     if (signal.aborted) return;
     if (def.paused) continue;
     try {
-      const scheduler = await core.queues.queue.getJobScheduler(schedulerId(def.id));
+      const scheduler = await scheduleQueue(core, def).getJobScheduler(schedulerId(def.id));
       if (scheduler === undefined) await upsertScheduler(core, def);
       await catchUp(core, def);
     } catch (error) {

@@ -15,7 +15,7 @@ import {
 import { formatPath } from '../internal/json.js';
 import { parsePlan } from '../plan/parse-plan.js';
 import { closestMatch, type PlanInput } from '../plan/schema.js';
-import { createKeys } from '../persistence/keys.js';
+import { createKeys, DEFAULT_QUEUE_NAME } from '../persistence/keys.js';
 import type { RuntimeCore } from '../actors/core.js';
 import { JobName } from '../actors/jobs.js';
 import { launchRun } from './start-run.js';
@@ -23,8 +23,7 @@ import { launchRun } from './start-run.js';
 /** The name of the job that starts a run: `'start'`. */
 export const START_JOB_NAME = JobName.start;
 
-/** The queue name of a runtime created without `queueName`. */
-export const DEFAULT_QUEUE_NAME = 'runs';
+export { DEFAULT_QUEUE_NAME };
 
 /** The data of a `start` job: what `runtime.start(plan, input, { runId, requestKey, tenantId })` takes. */
 export interface StartJobData {
@@ -160,6 +159,8 @@ export interface StartJob {
   /** How many times the job was taken (1 the first time; more after its worker died or it failed). */
   attemptsStarted: number;
   data: unknown;
+  /** The queue the job was taken from. */
+  queueName?: string;
 }
 
 /**
@@ -206,6 +207,8 @@ export async function processStartJob(core: RuntimeCore, job: StartJob): Promise
     const runId = data.runId ?? startJobRunId(core, job);
     const options = {
       runId,
+      // The run's units go where its start job was: the workers of that queue run them.
+      ...(job.queueName === undefined ? {} : { queue: job.queueName }),
       ...(data.requestKey === undefined ? {} : { requestKey: data.requestKey }),
       ...(data.tenantId === undefined ? {} : { tenantId: data.tenantId }),
     };

@@ -12,7 +12,7 @@ import { runStatus } from '../machines/kernel.js';
 import type { RunStatus } from '../machines/types.js';
 import { startRunTrace } from '../observability/tracing.js';
 import type { Plan, PlanInput } from '../plan/schema.js';
-import { assertRunId, assertTenantId } from '../persistence/keys.js';
+import { assertQueueName, assertRunId, assertTenantId } from '../persistence/keys.js';
 import { runExists } from '../persistence/run-lookups.js';
 import type { RuntimeCore } from '../actors/core.js';
 
@@ -36,6 +36,11 @@ export interface StartOptions {
    * deterministic step's new output is checked against the stored one. @defaultValue false
    */
   refreshCache?: boolean;
+  /**
+   * The BullMQ queue the run's units go to, recorded with the run: the workers listening on it run
+   * them. @defaultValue the runtime's `queueName`
+   */
+  queue?: string;
 }
 
 /** What a start came to: the run, and whether this start created it. */
@@ -186,6 +191,8 @@ export async function launchRun(
   let runId = opts.runId ?? randomUUID();
   assertRunId(runId);
   const requestKey = opts.requestKey;
+  const queue = opts.queue ?? core.queues.queueName;
+  assertQueueName(queue, 'queue');
   const at = core.clock();
   const meta = {
     plan: JSON.stringify(plan),
@@ -235,6 +242,7 @@ export async function launchRun(
   try {
     const stored = {
       ...meta,
+      queue,
       trace: runTrace.traceparent,
       ...(runTrace.caller === null ? {} : { traceCaller: runTrace.caller }),
     };

@@ -20,12 +20,15 @@ import type { WorkerIdentity } from '../persistence/unit-notes.js';
 import { coalesceWrites } from '../persistence/write-coalescing.js';
 import { duplicateClient } from '../persistence/connection.js';
 import type { RuntimeCore } from '../actors/core.js';
-import { JobName, type JobData } from '../actors/jobs.js';
+import { JobName, type JobData, type JobSpec } from '../actors/jobs.js';
 import { processStartJob } from './start-job.js';
 import { processScheduleJob, tendSchedules } from './schedule-firing.js';
 import { reconcileEnded } from './reconcile.js';
 import { createWorkerRegistry, type UnitEnd, type WorkerStatus } from './registry.js';
 import { preloadTokenizers } from '../llm/tokens.js';
+import { beat, endBeats } from './heartbeat.js';
+import { missingFor, notePutBack, PUT_BACK_MS, type Missing } from './routing.js';
+import { assertQueueName } from '../persistence/keys.js';
 
 // The units each runtime is running in this process, by run, step, attempt, pause and turn.
 const runningHere = new WeakMap<RuntimeCore, Set<string>>();
@@ -94,6 +97,16 @@ export interface WorkerOptions {
    * @defaultValue 1000
    */
   chainMs?: number;
+  /**
+   * The BullMQ queues the worker takes units from, each with `concurrency` units at once.
+   * @defaultValue the runtime's `queueName`
+   */
+  queues?: readonly string[];
+  /**
+   * How often, in ms, the worker writes its heartbeat (see `runtime.workers()`); it holds three
+   * times as long. A whole number, at least 100. @defaultValue 5000
+   */
+  heartbeatMs?: number;
 }
 
 /** A running worker. */
@@ -120,6 +133,18 @@ function checkSweepEvery(value: unknown): number {
     {
       path: 'sweepEveryMs',
       message: `must be 0 (no periodic sweep) or a whole number of milliseconds of at least 100, got ${typeof value === 'number' ? String(value) : (JSON.stringify(value) ?? typeof value)}`,
+    },
+  ]);
+}
+
+/** The heartbeat interval option, checked: a whole number of ms, at least 100. */
+function checkHeartbeat(value: unknown): number {
+  if (value === undefined) return 5000;
+  if (typeof value === 'number' && Number.isInteger(value) && value >= 100) return value;
+  throw new InputValidationError('worker options', [
+    {
+      path: 'heartbeatMs',
+      message: `must be a whole number of milliseconds of at least 100, got ${JSON.stringify(value) ?? typeof value}`,
     },
   ]);
 }
@@ -213,10 +238,13 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     let name = job.name;
     let data = job.data;
     let held: Admitted | undefined;
+    let carried: JobSpec | undefined;
     const jobId = job.id!;
     const ended = (end: UnitEnd) => registry.trigger.unitEnded({ jobId, end });
     const endOf = (word: string): UnitEnd => (word === 'failed' ? 'attemptFailed' : 'done');
     for (;;) {
+      const missing = await missingFor(core, name, data);
+      if (missing !== null) return putBack(job, token, data.runId, carried, missing);
       registry.trigger.unitStarted({
         unit: {
           jobId,
@@ -242,6 +270,7 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       if ('next' in outcome) {
         ended(endOf(outcome.ended));
         ({ name, data } = outcome.next);
+        carried = outcome.next;
         held = outcome.admitted;
         continue;
       }
@@ -261,30 +290,81 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     }
   }
 
-  const worker = new Worker<JobData>(core.queues.queueName, processor, {
-    connection,
-    prefix: core.stores.keys.queuePrefix(),
-    concurrency,
-    lockDuration: Math.max(200, Math.round(recoveryMs / 2)),
-    stalledInterval: Math.max(100, Math.round(recoveryMs / 4)),
-    // Redelivery is safe (the unit's guard); never give up on a unit because it stalled.
-    maxStalledCount: 1_000_000,
-    autorun: false,
+  /**
+   * A unit this worker cannot run (see `routing.ts`): back to its queue untried, due again in a
+   * while (a delay, not a failed attempt), and noted on its run. A unit this job carried gets a
+   * job of its own, delayed alike.
+   */
+  async function putBack(
+    job: Job<JobData>,
+    token: string | undefined,
+    runId: string,
+    carried: JobSpec | undefined,
+    missing: Missing,
+  ): Promise<string> {
+    await notePutBack(core, runId, missing, job.queueName, identity).catch(() => {});
+    if (carried === undefined) {
+      await job.moveToDelayed(core.clock() + PUT_BACK_MS, token);
+      throw new DelayedError();
+    }
+    await core.queues.add([{ ...carried, opts: { ...carried.opts, delay: PUT_BACK_MS } }]);
+    return 'put-back';
+  }
+
+  const queueNames = [...new Set(options.queues ?? [core.queues.queueName])];
+  for (const q of queueNames) assertQueueName(q, 'queues');
+  const workers = queueNames.map((q) => {
+    const w = new Worker<JobData>(q, processor, {
+      connection,
+      prefix: core.stores.keys.queuePrefix(),
+      concurrency,
+      lockDuration: Math.max(200, Math.round(recoveryMs / 2)),
+      stalledInterval: Math.max(100, Math.round(recoveryMs / 4)),
+      // Redelivery is safe (the unit's guard); never give up on a unit because it stalled.
+      maxStalledCount: 1_000_000,
+      autorun: false,
+    });
+    w.on('error', () => {});
+    return w;
   });
-  worker.on('error', () => {});
 
   // The first agent step would build its model's tokenizer (a second or more): built now, in
   // the background, while the worker gets ready and waits for work.
   const models = [...core.registry.agents.values()].map((agent) => agent.model);
   if (models.length > 0) void preloadTokenizers(models).catch(() => {});
 
+  const heartbeatMs = checkHeartbeat(options.heartbeatMs);
+  const startedAt = core.clock();
+  /** Writes the worker's heartbeat (see `heartbeat.ts`); trouble with Redis skips one. */
+  async function heartbeat(): Promise<void> {
+    await beat(
+      core.redis,
+      core.stores.keys,
+      {
+        id: identity.id,
+        host: identity.host,
+        pid: identity.pid,
+        queues: queueNames,
+        operators: [...core.registry.operators.keys()].sort(),
+        agents: [...core.registry.agents.keys()].sort(),
+        inFlight: registry.getSnapshot().context.running.length,
+        startedAt,
+        beatAt: core.clock(),
+      },
+      heartbeatMs * 3,
+    ).catch(() => {});
+  }
   const ready = (async () => {
     await subscriber.subscribe(core.queues.abortChannel());
+    await heartbeat();
     if (options.recoverOnStart ?? true) await recover();
-    void worker.run().catch(() => {});
-    await worker.waitUntilReady();
+    for (const w of workers) void w.run().catch(() => {});
+    await Promise.all(workers.map((w) => w.waitUntilReady()));
     if (sweepEveryMs > 0 && !closing.signal.aborted) scheduleSweep();
   })();
+
+  const beating = setInterval(() => void heartbeat(), heartbeatMs);
+  beating.unref();
 
   let sweepTimer: NodeJS.Timeout | undefined;
   let sweeping: Promise<void> = Promise.resolve();
@@ -349,7 +429,9 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       registry.trigger.closing();
       await ready.catch(() => {});
       await sweeping;
-      await worker.close();
+      clearInterval(beating);
+      await Promise.all(workers.map((w) => w.close()));
+      await endBeats(core.redis, core.stores.keys, identity.id).catch(() => {});
       subscriber.disconnect();
       connection.disconnect();
     },

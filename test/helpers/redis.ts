@@ -93,6 +93,7 @@ export async function deleteRuntimeKeys(prefix: string): Promise<void> {
     await deletePrefix(redis, `{${prefix}:runs}`);
     await deletePrefix(redis, `{${prefix}:active-runs}`);
     await deletePrefix(redis, `{${prefix}:schedules}`);
+    await deletePrefix(redis, `{${prefix}:workers}`);
   } finally {
     redis.disconnect();
   }

@@ -131,6 +131,9 @@ describe('replay: reproduce, replay, regenerate, fork', () => {
       operators: {
         prepare: count('prepare'),
         audit: count('audit'),
+        broken: () => {
+          throw Object.assign(new Error('broken on purpose'), { retryable: false });
+        },
         email: async (ctx) => {
           invoked['email'] = (invoked['email'] ?? 0) + 1;
           const draft = ctx.need('draft', 'answer') as string;

@@ -136,7 +136,12 @@ export async function drive(
   const state = createLiveState(options.after);
   // Subscribed before the worker starts, so nothing it reports is missed.
   const live = await liveView(runtime, runId, options, state);
-  const worker = runtime.createWorker({ concurrency: options.concurrency });
+  // The run's queue (where its units are), and the runtime's (where its schedules fire).
+  const queues = runtimeCore(runtime).queues;
+  const worker = runtime.createWorker({
+    concurrency: options.concurrency,
+    queues: [await queues.runQueueName(runId), queues.queueName],
+  });
   const stop = new AbortController();
   const lost = new AbortController();
   const onSignal = () => stop.abort();

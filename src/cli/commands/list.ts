@@ -1,4 +1,5 @@
 /** `flujo list`: the runs of a prefix, newest first (no job module needed). */
+import type { WorkerInfo } from '../../worker/heartbeat.js';
 import type { RunListFilter } from '../../worker/run-list.js';
 import { RunStatus } from '../../machines/types.js';
 import { connect } from '../connect.js';
@@ -67,4 +68,42 @@ export async function cmdList(ctx: Ctx): Promise<number> {
   } finally {
     await conn.close();
   }
+}
+
+/** `flujo workers [--json]`: the live workers of the prefix, one line each (JSON: an array). */
+export async function cmdWorkers(ctx: Ctx): Promise<number> {
+  if (ctx.args.length > 0) badInput(`unexpected argument "${ctx.args[0]}"; see \`flujo --help\``);
+  const conn = await connect({ ...ctx.values, cwd: ctx.cwd, env: ctx.env });
+  try {
+    const workers = await conn.runtime().workers();
+    if (ctx.values.json === true) console.log(JSON.stringify(workers));
+    else for (const line of workerLines(workers, Date.now())) console.log(line);
+    return ExitCode.ok;
+  } finally {
+    await conn.close();
+  }
+}
+
+/** One line per live worker: host/pid, queues, operators, agents, units in flight, last beat. */
+export function workerLines(workers: readonly WorkerInfo[], now: number): string[] {
+  if (workers.length === 0) return ['no live worker on this prefix'];
+  const list = (names: readonly string[]) => (names.length === 0 ? '-' : names.join(','));
+  const rows = [
+    ['WORKER', 'QUEUES', 'OPERATORS', 'AGENTS', 'IN FLIGHT', 'LAST BEAT'],
+    ...workers.map((w) => [
+      `${w.host}/${w.pid}`,
+      list(w.queues),
+      list(w.operators),
+      list(w.agents),
+      String(w.inFlight),
+      `${Math.max(0, Math.round((now - w.beatAt) / 1000))}s ago`,
+    ]),
+  ];
+  const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
+  return rows.map((r) =>
+    r
+      .map((c, i) => c.padEnd(widths[i]!))
+      .join('  ')
+      .trimEnd(),
+  );
 }

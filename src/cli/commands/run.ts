@@ -15,7 +15,7 @@ import {
   type Ctx,
 } from '../context.js';
 import { ExitCode, badInput } from '../exit-codes.js';
-import { loadJobModule, runSetup, type JobModule } from '../job-module.js';
+import { cliWorkerQueues, loadJobModule, runSetup, type JobModule } from '../job-module.js';
 import { parseOutageLimit, watchRedis, type RedisWatch } from '../outage.js';
 import {
   nextCommands,
@@ -381,7 +381,8 @@ export async function cmdWorker(ctx: Ctx): Promise<number> {
       // The module's schedules are defined (or updated) before the worker takes their fires.
       for (const [id, options] of Object.entries(job.schedules))
         await runtime.schedule(id, options);
-      const worker = runtime.createWorker({ concurrency });
+      const queues = cliWorkerQueues(job);
+      const worker = runtime.createWorker({ concurrency, queues });
       const watch = watchRedis({
         url: conn.url,
         target: conn.target,
@@ -394,7 +395,7 @@ export async function cmdWorker(ctx: Ctx): Promise<number> {
       });
       await worker.ready();
       console.log(
-        `flujo worker: processing runs on ${conn.target} (prefix ${conn.prefix}, concurrency ${concurrency}) with the operators of ${job.path}; Ctrl-C stops it`,
+        `flujo worker: processing runs on ${conn.target} (prefix ${conn.prefix}, concurrency ${concurrency}) with the operators of ${job.path}, from queues ${queues.join(', ')}; Ctrl-C stops it`,
       );
       const hideStatus = showStatus(worker, statusEvery);
       await stopped;
