@@ -103,7 +103,7 @@ export interface RunReport {
   queue: string;
   /**
    * Why a running run's due work may not be taken, when it may not: a worker put one of its units
-   * back untried for want of its operator or agent (within the last {@link PUT_BACK_SHOWN_MS}), or
+   * back untried for want of its operator or agent (within the last 15 s), or
    * its queue has no live worker (with due work idle, see `idle`). Null otherwise.
    */
   routing: RunRouting | null;

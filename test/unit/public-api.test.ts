@@ -169,6 +169,7 @@ const everyValue = [
   'findCause',
   'isFinalStepStatus',
   'isRetryable',
+  'jobQueueName',
   'parseOutcome',
   'parsePlan',
   'plan',
