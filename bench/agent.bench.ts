@@ -46,6 +46,7 @@ import {
 import { startRedisServer } from '../test/helpers/redis-server.js';
 import { runtimeCore } from '../src/runtime.js';
 import { nodeHttpFetch } from '../src/llm/http-fetch.js';
+import { median, spread } from './stats.js';
 
 const TURNS = 20;
 const REPS = Number(process.env['BENCH_REPS'] ?? 5);
@@ -118,8 +119,6 @@ function countTrips(redis: Redis): Trips {
   return counts;
 }
 
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
-const spread = (xs: number[]) => `${Math.min(...xs).toFixed(2)}–${Math.max(...xs).toFixed(2)}`;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 const noop = defineTool({

@@ -13,6 +13,7 @@
 import { Redis } from 'ioredis';
 import { createRuntime, type PlanInput } from '../src/index.js';
 import { startRedisServer } from '../test/helpers/redis-server.js';
+import { median, spread } from './stats.js';
 
 const STEPS = 10;
 const REPS = Number(process.env['BENCH_REPS'] ?? 3);
@@ -29,10 +30,6 @@ const plan: PlanInput = {
     dependsOn: i === 0 ? [] : [`s${i - 1}`],
   })),
 };
-
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
-const spread = (xs: number[], d = 3) =>
-  `${Math.min(...xs).toFixed(d)}–${Math.max(...xs).toFixed(d)}`;
 
 async function waits(admin: Redis): Promise<number> {
   const match = /cmdstat_wait:calls=(\d+)/.exec(await admin.info('commandstats'));
@@ -106,7 +103,7 @@ async function main(): Promise<void> {
     for (const r of [0, 1] as const) {
       const x = results[r];
       console.log(
-        `  replicas ${r}: ${median(x.msPerStep).toFixed(3)} ms/step (${spread(x.msPerStep)}), ${median(x.stepsPerSecond).toFixed(0)} steps/s (${spread(x.stepsPerSecond, 0)}), ${median(x.waits).toFixed(2)} WAITs/step`,
+        `  replicas ${r}: ${median(x.msPerStep).toFixed(3)} ms/step (${spread(x.msPerStep, 3)}), ${median(x.stepsPerSecond).toFixed(0)} steps/s (${spread(x.stepsPerSecond, 0)}), ${median(x.waits).toFixed(2)} WAITs/step`,
       );
     }
     const latency = results[1].msPerStep.map((v, i) => v / results[0].msPerStep[i]!);

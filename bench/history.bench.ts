@@ -38,6 +38,7 @@ import {
 import { startScriptedModelServer, type ScriptedReply } from '../src/testing/index.js';
 import { startRedisServer } from '../test/helpers/redis-server.js';
 import { runtimeCore } from '../src/runtime.js';
+import { median, spread } from './stats.js';
 
 const TURNS = Math.max(40, Number(process.env['BENCH_TURNS'] ?? 1000));
 const RESULT_BYTES = 50_000;
@@ -52,9 +53,6 @@ const HEAP_TURNS = [11, TURNS - 19];
 type Config = 'offload' | 'inline';
 const THRESHOLD: Record<Config, number> = { offload: 20_000, inline: 1_000_000_000 };
 
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
-const spread = (xs: number[], digits = 3) =>
-  `${Math.min(...xs).toFixed(digits)}–${Math.max(...xs).toFixed(digits)}`;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const mib = (bytes: number) => `${(bytes / 1024 / 1024).toFixed(1)} MiB`;
 const kib = (bytes: number) => `${(bytes / 1024).toFixed(1)} KiB`;
@@ -260,11 +258,11 @@ async function main(): Promise<void> {
       console.log(
         `${config === 'offload' ? 'offload (default, threshold 20 000 B)' : 'inline (no offload)'}`,
       );
-      row('commit, turns 1–10', `${median(early).toFixed(3)} ms`, `(${spread(early)})`);
+      row('commit, turns 1–10', `${median(early).toFixed(3)} ms`, `(${spread(early, 3)})`);
       row(
         `commit, turns ${LATE[0]}–${LATE[1]}`,
         `${median(late).toFixed(3)} ms`,
-        `(${spread(late)})`,
+        `(${spread(late, 3)})`,
       );
       row('late / early commit', ratios[config].toFixed(3));
       for (const [label, xs] of [

@@ -34,6 +34,7 @@ import { Redis } from 'ioredis';
 import { createRuntime, type PlanInput } from '../src/index.js';
 import { startRedisServer } from '../test/helpers/redis-server.js';
 import { runtimeCore } from '../src/runtime.js';
+import { median, spread } from './stats.js';
 
 const STEPS = 10;
 const REPS = Number(process.env['BENCH_REPS'] ?? 3);
@@ -50,9 +51,6 @@ const plan: PlanInput = {
     dependsOn: i === 0 ? [] : [`s${i - 1}`],
   })),
 };
-
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
-const spread = (xs: number[]) => `${Math.min(...xs).toFixed(2)}–${Math.max(...xs).toFixed(2)}`;
 
 /** The queueing floor: chains of STEPS jobs, each job adding the next. Returns elapsed ms. */
 async function bullmqChains(url: string, chains: number, concurrency: number): Promise<number> {
