@@ -93,11 +93,13 @@ export class RuntimeStores {
 
   readonly #redis: Redis;
   readonly #replicas: ReplicaAck | undefined;
+  readonly #clock: () => number;
 
   constructor(redis: Redis, keys: Keys, options: RuntimeStoresOptions) {
     const { clock, replicas } = options;
     this.#redis = redis;
     this.#replicas = replicas;
+    this.#clock = clock;
     this.keys = keys;
     this.store = createSnapshotStore<RunSnapshot>({
       redis,
@@ -153,7 +155,7 @@ export class RuntimeStores {
     if (this.#replicas === undefined) return;
     const key = this.keys.started(runId);
     // Only into notes that exist: a run removed by retention gets no key without an expiry.
-    await this.#redis.eval(WRITE_IF_THERE, 1, key, READ_ACK_FIELD, String(Date.now()));
+    await this.#redis.eval(WRITE_IF_THERE, 1, key, READ_ACK_FIELD, String(this.#clock()));
     await this.#replicas.ack(key);
   }
 

@@ -106,13 +106,12 @@ const onCluster = (redis: Redis): boolean => isCluster(redis);
 
 type Waiter = { resolve: () => void; reject: (error: unknown) => void; key: string };
 
-/** One `WAIT` on a single server's connection; the number of replicas that acknowledged. */
+/** One `WAIT` on the connection that wrote `key`; the number of replicas that acknowledged. */
 async function waitOnce(redis: Redis, key: string, replicas: number, timeoutMs: number) {
   if (onCluster(redis)) {
     // The read of `key` sends the pipeline to that key's master: the node the write went to.
     const replies = await redis.pipeline().exists(key).call('WAIT', replicas, timeoutMs).exec();
-    const [, reply] = replies?.[1] ?? [new Error('no reply to WAIT'), null];
-    const error = replies?.[1]?.[0];
+    const [error, reply] = replies?.[1] ?? [new Error('no reply to WAIT'), null];
     if (error) throw error;
     return Number(reply);
   }
