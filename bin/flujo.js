@@ -7,7 +7,13 @@ var NEEDED = [22, 12];
 var parts = process.versions.node.split('.');
 var major = Number(parts[0]);
 var minor = Number(parts[1]);
-if (major < NEEDED[0] || (major === NEEDED[0] && minor < NEEDED[1])) {
+// `flujo init` (which gives a new project Node 24), --help and --version also run on Node 20, so
+// that a machine's old Node can still set a project up; every other command needs NEEDED.
+var command = process.argv[2];
+var setUpOnly =
+  command === 'init' || command === '--help' || command === '-h' || command === '--version';
+var old = major < NEEDED[0] || (major === NEEDED[0] && minor < NEEDED[1]);
+if (old && !(setUpOnly && major >= 20)) {
   process.stderr.write(
     'flujo: this is Node ' +
       process.versions.node +

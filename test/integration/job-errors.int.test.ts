@@ -4,7 +4,7 @@
  * by `flujo status`; a module with a syntax error, a misspelt export, ES module code in a
  * CommonJS package, or an old Node is refused with the place and the fix.
  */
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -207,5 +207,26 @@ describe('a job module is checked before anything is written', () => {
     expect(r.err.indexOf('then run flujo as npx flujo')).toBeGreaterThan(fix);
     expect(r.err.indexOf('nvm install 24')).toBeGreaterThan(fix);
     expect(await keyCount()).toBe(before);
+  });
+
+  it('on Node 20, flujo init still sets a project up (with Node 24 as a devDependency)', async () => {
+    const old =
+      'data:text/javascript,Object.defineProperty(process.versions,"node",{value:"20.11.1"})';
+    const dir = mkdtempSync(join(tmpdir(), 'flujo-init-old-'));
+    try {
+      const r = await flujo(['init', 'proj'], dir, ['--import', old], refusals);
+      expect(r.err).toBe('');
+      expect(r.code).toBe(0);
+      const pkg = JSON.parse(readFileSync(join(dir, 'proj', 'package.json'), 'utf8')) as {
+        devDependencies?: Record<string, string>;
+      };
+      expect(pkg.devDependencies?.node).toBe('^24');
+      // Any other command is still refused on that Node, with the fix.
+      const run = await flujo(['validate', 'proj/jobs/hello.ts'], dir, ['--import', old], refusals);
+      expect(run.code).toBe(2);
+      expect(run.err).toMatch(/flujo needs Node 22\.12 or newer/);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
