@@ -22,7 +22,8 @@ Usage:
       (started now, or found) gets signal NAME with --data as its payload.
   flujo resume <runId> <job-module> [--concurrency N] [--by NAME] [--json] [--quiet]
       Go on with a run: a failed run is resumed, a running one continued (e.g. after its command
-      was killed); an ended or waiting run is only reported.
+      was killed), a waiting one driven on when a signal is queued for it or its timer is due;
+      an ended run, or one waiting for anything else, is only reported.
   flujo worker <job-module> [--concurrency N] [--status-every MS]
       a long-running worker; Ctrl-C stops it gracefully. It takes units from the module's queue
       (its queue export, else plan.<plan name>) and from the default queue runs, --concurrency

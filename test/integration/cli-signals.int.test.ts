@@ -149,6 +149,31 @@ describe('flujo signal', { timeout: 90_000 }, () => {
     expect(ended.err).toContain('is succeeded: it takes no more signals');
   });
 
+  it('flujo resume of a waiting run: only reported with no signal queued, driven on with one', async () => {
+    const run = await flujo(['run', JOB]);
+    expect(run.code, run.err).toBe(3);
+    const runId = /^run (\S+) /.exec(run.out)![1]!;
+    const idle = await flujo(['resume', runId, JOB]);
+    expect(idle.code, idle.err).toBe(3);
+    expect(idle.out).toContain('waiting for signal "approve-order": approval (0 queued;');
+    const sent = await flujo(['signal', runId, 'approve-order', '--data', '{"by":"cy"}']);
+    expect(sent.code, sent.err).toBe(0);
+    // No worker runs: the resume takes the queued signal and ends the run.
+    const resumed = await flujo(['resume', runId, JOB]);
+    expect(resumed.code, resumed.err).toBe(0);
+    expect(resumed.out).toContain(`run ${runId} succeeded`);
+    const rt = createRuntime({ redis: redisUrl(), prefix });
+    try {
+      const report = await rt.status(runId);
+      expect(report.steps.find((s) => s.stepId === 'ship')!.output).toEqual({
+        shipped: true,
+        approval: { by: 'cy' },
+      });
+    } finally {
+      await rt.close();
+    }
+  });
+
   it('flujo run --request-key --signal: starts the run, which takes the signal', async () => {
     const args = [
       'run',

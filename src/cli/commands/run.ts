@@ -240,7 +240,8 @@ export async function cmdResume(ctx: Ctx): Promise<number> {
 
 /**
  * Continues an existing run: a running one is driven on, a failed one is resumed first (when
- * asked), and one that ended or waits is only reported.
+ * asked), a waiting one with a signal queued or a timer due is driven on, and one that ended or
+ * waits for something else is only reported.
  */
 async function proceed(
   conn: Connection,
@@ -261,6 +262,8 @@ async function proceed(
   const report = await runtime.status(runId);
   if (report.status === 'failed' && o.resumeFailed) {
     await runtime.resume(runId, { by: o.by });
+  } else if (report.status === 'waiting' && wakeable(report, Date.now())) {
+    await enqueueWakes(runtime, runId);
   } else if (report.status !== 'running') {
     return finish(report, o.json, o.resume);
   }
@@ -274,6 +277,24 @@ async function proceed(
     conn,
     outageLimitMs: o.outageLimitMs,
   });
+}
+
+/**
+ * Whether a waiting run has something to go on with now: a signal queued for one of its waits, or
+ * a timer (or a signal wait's timeout) whose time came. Its command drives it then, rather than
+ * only reporting it: no `flujo worker` may be running to take the wake-up.
+ */
+function wakeable(report: RunReport, now: number): boolean {
+  return report.waits.some((w) => w.queued > 0 || (w.dueAt !== null && w.dueAt <= now));
+}
+
+/** Adds the run's due jobs again, its wake-ups among them (ids make repeats harmless). */
+async function enqueueWakes(runtime: Runtime, runId: string): Promise<void> {
+  const core = runtimeCore(runtime);
+  const env = await core.stores.store.tryLoad(runId, { outputs: false });
+  if (env === null) return;
+  await core.stores.acknowledgeRead(runId);
+  await core.queues.enqueueDue(runId, env);
 }
 
 /** `flujo worker <job-module> [--concurrency N]`: runs until SIGINT or SIGTERM. */
