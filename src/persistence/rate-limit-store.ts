@@ -12,7 +12,7 @@ import { createKeys } from './keys.js';
 import { classifyRedisError } from './redis-errors.js';
 
 /** Bump when a script changes meaning, so clients never mix versions under one command name. */
-const RATE_SCRIPT_VERSION = 1;
+const RATE_SCRIPT_VERSION = 2;
 
 const NOW = `
 local t = redis.call('TIME')
@@ -41,7 +41,7 @@ if #gone > 0 then
     redis.call('HDEL', KEYS[2], 't:' .. id)
   end
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. int(now - window))
-  redis.call('HINCRBY', KEYS[2], 'tok', -freed)
+  if freed > 0 then redis.call('HINCRBY', KEYS[2], 'tok', int(-freed)) end
 end
 local rl = tonumber(ARGV[2])
 local tl = tonumber(ARGV[3])
@@ -68,7 +68,7 @@ if tl then
 end
 redis.call('ZADD', KEYS[1], int(now), ARGV[1])
 redis.call('HSET', KEYS[2], 't:' .. ARGV[1], tokens)
-redis.call('HINCRBY', KEYS[2], 'tok', tokens)
+redis.call('HINCRBY', KEYS[2], 'tok', int(tokens))
 redis.call('PEXPIRE', KEYS[1], window * 2)
 if redis.call('PTTL', KEYS[2]) < window * 2 then redis.call('PEXPIRE', KEYS[2], window * 2) end
 return {'go', now}
@@ -79,10 +79,11 @@ return {'go', now}
  *   KEYS as acquire   ARGV[1] grant id   ARGV[2] tokens   Returns 1, or 0 when it left the window
  */
 const SETTLE = `
+local function int(n) return string.format('%d', n) end
 local old = redis.call('HGET', KEYS[2], 't:' .. ARGV[1])
 if not old then return 0 end
 redis.call('HSET', KEYS[2], 't:' .. ARGV[1], ARGV[2])
-redis.call('HINCRBY', KEYS[2], 'tok', tonumber(ARGV[2]) - tonumber(old))
+redis.call('HINCRBY', KEYS[2], 'tok', int(tonumber(ARGV[2]) - tonumber(old)))
 return 1
 `;
 
@@ -91,11 +92,12 @@ return 1
  *   KEYS as acquire   ARGV[1] grant id   Returns 1, or 0 when it was not there
  */
 const RELEASE = `
+local function int(n) return string.format('%d', n) end
 local old = redis.call('HGET', KEYS[2], 't:' .. ARGV[1])
 redis.call('ZREM', KEYS[1], ARGV[1])
 if not old then return 0 end
 redis.call('HDEL', KEYS[2], 't:' .. ARGV[1])
-redis.call('HINCRBY', KEYS[2], 'tok', -tonumber(old))
+redis.call('HINCRBY', KEYS[2], 'tok', int(-tonumber(old)))
 return 1
 `;
 
