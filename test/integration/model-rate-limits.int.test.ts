@@ -3,12 +3,19 @@
  * RATE_LIMITS): bad limits refused before anything is written; a 429 with `retry-after` pausing
  * the model for every worker; tokens counted by estimate and corrected by the reply's usage; and
  * 20 agent runs under 30 requests per minute on a scripted server that answers 429 past 30
- * requests in 60 s: it never has to, and never sees more than 30 in any 60 s.
+ * requests in 60 s: it never has to, and never sees more than 30 in any 60 s. Last, in one process
+ * with an atomic step under its provider's host: the wait as a span and as an event.
  */
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { trace } from '@opentelemetry/api';
+import {
+  BasicTracerProvider,
+  InMemorySpanExporter,
+  SimpleSpanProcessor,
+} from '@opentelemetry/sdk-trace-base';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { createRuntime, type Runtime } from '../../src/runtime.js';
 import { InputValidationError } from '../../src/errors.js';
 import { silentLogger } from '../../src/logging.js';
@@ -22,7 +29,8 @@ import {
   scanKeys,
   testPrefix,
 } from '../helpers/redis.js';
-import { useScriptedModel } from '../helpers/scripted-agent.js';
+import { scriptedAgent, useScriptedModel } from '../helpers/scripted-agent.js';
+import { spansRecorded } from '../../src/observability/tracing.js';
 
 const plan = researchPlan('rate-limits');
 const model = useScriptedModel();
@@ -221,4 +229,62 @@ describe('model rate limits', () => {
       expect(Math.max(...waits.map((w) => Number(w['waitedMs'])))).toBeGreaterThan(30_000);
     },
   );
+});
+
+describe('a wait in one process, atomic, under its provider host', () => {
+  const memory = new InMemorySpanExporter();
+  const provider = new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(memory)] });
+  beforeAll(() => {
+    trace.setGlobalTracerProvider(provider);
+  });
+  afterAll(async () => {
+    trace.disable();
+    await provider.shutdown();
+  });
+
+  it('is a span before the call, and an event of the step', async () => {
+    const host = new URL(model.url).host;
+    const runtime = createRuntime({
+      redis: redisUrl(),
+      prefix,
+      logger: silentLogger,
+      rateLimits: { [host]: { requestsPerMinute: 100 } },
+    }).agent(scriptedAgent(model, { name: 'writer', systemPrompt: 'Write.' }));
+    const worker = runtime.createWorker({ concurrency: 1 });
+    try {
+      await worker.ready();
+      model.enqueue({ fault: 'status', status: 429, retryAfter: 1 }, { text: 'Written.' });
+      const run = await runtime.start(
+        { name: 'write', steps: [{ id: 'write', kind: 'agent', agent: 'writer' }] },
+        'a line',
+      );
+      expect((await run.settled({ timeoutMs: 15_000 })).status).toBe('succeeded');
+      const [refused, sent] = model.requests;
+      expect(sent!.at - refused!.at).toBeGreaterThanOrEqual(1000);
+      const events: Record<string, unknown>[] = [];
+      for await (const e of runtime.events(run.runId)) {
+        if (e.type === 'model.rate_limited') events.push(e.data);
+      }
+      expect(events).toMatchObject([
+        { stepId: 'write', turn: 0, limits: [host], reason: 'blocked', outcome: 'sent' },
+      ]);
+      await spansRecorded();
+      const spans = memory
+        .getFinishedSpans()
+        .filter((span) => span.attributes['flujo.run_id'] === run.runId);
+      const waits = spans.filter((span) => span.name === 'flujo.model.rate_limited');
+      expect(waits).toHaveLength(1);
+      expect(waits[0]!.attributes).toMatchObject({
+        'gen_ai.request.model': 'gpt-test',
+        'flujo.rate_limit.names': [host],
+        'flujo.rate_limit.outcome': 'sent',
+        'flujo.step_id': 'write',
+      });
+      expect(Number(waits[0]!.attributes['flujo.rate_limit.waited_ms'])).toBeGreaterThan(500);
+      expect(spans.filter((span) => span.name === 'chat gpt-test')).toHaveLength(2);
+    } finally {
+      await worker.close();
+      await runtime.close();
+    }
+  });
 });
