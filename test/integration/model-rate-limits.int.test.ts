@@ -4,7 +4,8 @@
  * the model for every worker; tokens counted by estimate and corrected by the reply's usage; and
  * 20 agent runs under 30 requests per minute on a scripted server that answers 429 past 30
  * requests in 60 s: it never has to, and never sees more than 30 in any 60 s. Last, in one process
- * with an atomic step under its provider's host: the wait as a span and as an event.
+ * with atomic steps: a wait under a provider's host as a span and an event, and a call over its
+ * tokens that gives up past `maxWaitMs`.
  */
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -17,6 +18,7 @@ import {
 } from '@opentelemetry/sdk-trace-base';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { createRuntime, type Runtime } from '../../src/runtime.js';
+import type { PlanInput } from '../../src/plan/schema.js';
 import { InputValidationError } from '../../src/errors.js';
 import { silentLogger } from '../../src/logging.js';
 import type { RecordedRequest, ScriptedReply } from '../../src/testing/index.js';
@@ -231,7 +233,7 @@ describe('model rate limits', () => {
   );
 });
 
-describe('a wait in one process, atomic, under its provider host', () => {
+describe('in one process, atomic steps', () => {
   const memory = new InMemorySpanExporter();
   const provider = new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(memory)] });
   beforeAll(() => {
@@ -242,7 +244,7 @@ describe('a wait in one process, atomic, under its provider host', () => {
     await provider.shutdown();
   });
 
-  it('is a span before the call, and an event of the step', async () => {
+  it('a wait under a provider host is a span before the call, and an event', async () => {
     const host = new URL(model.url).host;
     const runtime = createRuntime({
       redis: redisUrl(),
@@ -282,6 +284,50 @@ describe('a wait in one process, atomic, under its provider host', () => {
       });
       expect(Number(waits[0]!.attributes['flujo.rate_limit.waited_ms'])).toBeGreaterThan(500);
       expect(spans.filter((span) => span.name === 'chat gpt-test')).toHaveLength(2);
+    } finally {
+      await worker.close();
+      await runtime.close();
+    }
+  });
+
+  it('past maxWaitMs, a call over its tokens gives up with a retryable rate_limit error', async () => {
+    const runtime = createRuntime({
+      redis: redisUrl(),
+      prefix,
+      logger: silentLogger,
+      rateLimits: { 'gpt-test': { tokensPerMinute: 2000, maxWaitMs: 500 } },
+    }).agent(scriptedAgent(model, { name: 'writer', systemPrompt: 'Write.' }));
+    const worker = runtime.createWorker({ concurrency: 1 });
+    const write: PlanInput = {
+      name: 'write',
+      steps: [{ id: 'write', kind: 'agent', agent: 'writer' }],
+    };
+    try {
+      await worker.ready();
+      // The first reply reports 1,900 tokens: the window has room for no other request this minute.
+      model.enqueue({ text: 'Written.', usage: { prompt_tokens: 1500, completion_tokens: 400 } });
+      const first = await runtime.start(write, 'a line');
+      expect((await first.settled({ timeoutMs: 15_000 })).status).toBe('succeeded');
+      const second = await runtime.start(write, 'another line');
+      let failed: Record<string, unknown> | undefined;
+      for (let i = 0; i < 200 && failed === undefined; i++) {
+        for await (const e of runtime.events(second.runId)) {
+          if (e.type === 'step.failed') failed = e.data;
+        }
+        if (failed === undefined) await new Promise((r) => setTimeout(r, 50));
+      }
+      expect(failed?.['error']).toMatchObject({
+        code: 'model_error',
+        retryable: true,
+        details: { kind: 'rate_limit' },
+      });
+      expect((failed?.['error'] as { retryAfterMs: number }).retryAfterMs).toBeGreaterThan(30_000);
+      const waits: Record<string, unknown>[] = [];
+      for await (const e of runtime.events(second.runId)) {
+        if (e.type === 'model.rate_limited') waits.push(e.data);
+      }
+      expect(waits).toMatchObject([{ reason: 'tokens', outcome: 'gave_up', limits: ['gpt-test'] }]);
+      expect(model.requestCount).toBe(1);
     } finally {
       await worker.close();
       await runtime.close();
