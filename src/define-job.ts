@@ -9,6 +9,7 @@ import type { PolicyExport } from './execution/policies.js';
 import type { AgentDefinition } from './agents/define-agent.js';
 import type { JsonValue } from './internal/json.js';
 import type { PricingTable } from './llm/pricing.js';
+import type { RateLimits } from './execution/rate-limits.js';
 import type { PlanInput } from './plan/schema.js';
 import type { ScheduleOptions } from './worker/schedule-definition.js';
 import type { ToolDefinition } from './tools/define-tool.js';
@@ -52,6 +53,11 @@ export interface JobDefinition<P extends PlanInput = PlanInput> {
   pricing?: PricingTable | string;
   /** A model without a price fails its step before any request. */
   strictPricing?: boolean;
+  /**
+   * Model rate limits by model or provider, as `createRuntime({ rateLimits })` takes them: the
+   * runtime the CLI makes for the module (`flujo worker`, `run`, `resume`, …) applies them.
+   */
+  rateLimits?: RateLimits;
   /**
    * Schedules of the plan, by id: `flujo worker` defines (or updates) each when it starts, as
    * `runtime.schedule(id, { ...options, plan })` would. `plan`, if given, names the job's plan.

@@ -279,6 +279,8 @@ export type { ChatMessage, ModelReply, ToolCall } from './llm/messages.js';
 // Usage: the prices a runtime or a job module is given; the reservations and totals
 // `runtime.usage` reports.
 export type { ModelPrice, PricingTable } from './llm/pricing.js';
+// Model rate limits a runtime or a job module is given.
+export type { ModelRateLimit, RateLimits } from './execution/rate-limits.js';
 export { ReservationState } from './persistence/quota-store.js';
 export type {
   ReconcileOutcome,

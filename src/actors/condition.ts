@@ -23,7 +23,7 @@ import {
 /** A unit that runs nothing and records nothing besides its events. */
 const NO_RUN: Unit = {
   started: [],
-  recorder: { toolCalled: () => {}, modelCalled: () => {} },
+  recorder: { toolCalled: () => {}, modelCalled: () => {}, modelRateLimited: () => {} },
   records: () => Promise.resolve([]),
 };
 

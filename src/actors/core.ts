@@ -13,6 +13,13 @@ import { checkEndedRunsWindow } from '../persistence/active-runs.js';
 import { resolveCacheLimits } from '../persistence/cache-store.js';
 import { createModelContext, type ModelContext } from '../execution/model-context.js';
 import { createUsageMeter, type UsageMeter } from '../execution/usage-meter.js';
+import {
+  checkRateLimits,
+  createModelRateLimiter,
+  type ModelRateLimiter,
+  type RateLimits,
+} from '../execution/rate-limits.js';
+import { createRateLimitStore } from '../persistence/rate-limit-store.js';
 import type { RunEvent } from '../schemas/events.js';
 import { RuntimeMeta } from './runtime-meta.js';
 import { RuntimeQueues } from './runtime-queues.js';
@@ -92,6 +99,17 @@ export interface CoreOptions {
   strictPricing?: boolean;
   /** Output tokens reserved per model call when the agent sets no `settings.maxTokens`. @defaultValue 1024 */
   defaultOutputTokens?: number;
+  /**
+   * Model rate limits, shared by every worker of the prefix through Redis, by model or provider:
+   * `{ 'gpt-4o-mini': { requestsPerMinute: 500, tokensPerMinute: 200000 }, 'api.openai.com': {
+   * requestsPerMinute: 3000 } }`. A name matches an agent's model exactly, a provider prefix of
+   * it (`openai` for `openai/gpt-4o`), or the host of its `provider.baseURL`. A model call waits
+   * in the worker until every limit it is under lets it through (each wait is recorded as a
+   * `model.rate_limited` event); a 429 that still comes blocks its limits for every worker until
+   * its `retry-after`. Each limit is a positive integer; give every process of the prefix the same
+   * limits. @defaultValue none
+   */
+  rateLimits?: RateLimits;
   /**
    * Called once per failed attempt of any step, right after the failure is committed, in the
    * worker that ran the attempt (not again when a redelivered job finds it committed; not at all
@@ -176,7 +194,10 @@ function checkOptions(options: CoreOptions) {
       { path: 'redisTimeoutMs', message: (error as Error).message },
     ]);
   }
+  const rateLimits =
+    options.rateLimits === undefined ? undefined : checkRateLimits(options.rateLimits);
   return {
+    rateLimits,
     durability: checkDurability(options.durability),
     onStepFailure: options.onStepFailure,
     policyVersion,
@@ -220,6 +241,8 @@ export class RuntimeCore {
   readonly meter: UsageMeter;
   /** Fits an agent's messages to its model's context window. */
   readonly context: ModelContext;
+  /** See `CoreOptions.rateLimits`: undefined when there are none. */
+  readonly rateLimits: ModelRateLimiter | undefined;
   /** The BullMQ queue, the jobs added to it, live channels and the stream watcher. */
   readonly queues: RuntimeQueues;
   readonly #queueConnection: Redis;
@@ -285,6 +308,16 @@ export class RuntimeCore {
       counterFor: (model) => this.registry.tokens(model),
       flush: () => flushWrites(this.redis),
     });
+    const meter = this.meter;
+    this.rateLimits =
+      checked.rateLimits === undefined || Object.keys(checked.rateLimits).length === 0
+        ? undefined
+        : createModelRateLimiter({
+            store: createRateLimitStore({ redis: this.redis, prefix: keys.prefix }),
+            limits: checked.rateLimits,
+            estimate: (agent, messages) => meter.estimateTokens(agent, messages),
+            log: this.log,
+          });
     this.context = createModelContext({
       counterFor: (model) => this.registry.tokens(model),
       blobs: this.stores.blobs,

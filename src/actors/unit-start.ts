@@ -56,6 +56,8 @@ export function startUnit(
     recorder: {
       toolCalled: (c) => done.push({ type: 'tool.called', ...where, ...c, at: core.clock() }),
       modelCalled: (c) => done.push({ type: 'model.called', ...where, ...c, at: core.clock() }),
+      modelRateLimited: (w) =>
+        done.push({ type: 'model.rate_limited', ...where, ...w, at: core.clock() }),
     },
     async records() {
       const before = parseUnitNote(await previous);

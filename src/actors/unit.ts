@@ -113,6 +113,7 @@ export function createUnitHost(core: RuntimeCore, options: UnitHostOptions): Uni
       },
       meter: core.meter,
       context: core.context,
+      ...(core.rateLimits === undefined ? {} : { rateLimits: core.rateLimits }),
       results: core.stores.blobs,
       policyVersion: core.policyVersion,
     },

@@ -323,6 +323,7 @@ export async function connect(options: ConnectOptions): Promise<Connection> {
               agents: job.agents,
               strictPricing: job.strictPricing,
               ...(job.pricing === undefined ? {} : { pricing: job.pricing }),
+              ...(job.rateLimits === undefined ? {} : { rateLimits: job.rateLimits }),
               signals: { [job.plan.name]: job.signals },
               queueName: job.queue,
             }),

@@ -39,6 +39,7 @@ import {
 } from '../worker/schedule-definition.js';
 import { projectRoot } from './connect.js';
 import { loadPricingFile, parsePricing, type PricingTable } from '../llm/pricing.js';
+import { checkRateLimits, type RateLimits } from '../execution/rate-limits.js';
 import { DEFAULT_QUEUE_NAME, jobQueueName, QUEUE_NAME_PATTERN } from '../persistence/keys.js';
 
 /** What `setup` receives. */
@@ -80,6 +81,8 @@ export interface JobModule {
   strictPricing: boolean;
   /** The signals its plan declares: name → zod schema of the payload (empty: any, unchecked). */
   signals: Record<string, SignalSchema>;
+  /** The module's `rateLimits`: model rate limits by model or provider (see `RateLimits`). */
+  rateLimits: RateLimits | undefined;
   /** The module's `schedules`, by id, each with the module's plan: `flujo worker` defines them. */
   schedules: Record<string, ScheduleOptions>;
   /**
@@ -141,7 +144,9 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
   }
   const signals = checkSignals(name, mod['signals'], plan);
   const queue = checkQueue(name, mod['queue'], plan.name);
+  const rateLimits = checkModuleRateLimits(name, mod['rateLimits']);
   return {
+    rateLimits,
     queue,
     path,
     file,
@@ -311,7 +316,21 @@ export const JOB_EXPORTS = [
   'signals',
   'schedules',
   'queue',
+  'rateLimits',
 ] as const;
+
+/** The module's `rateLimits`, checked as `createRuntime` checks them. */
+function checkModuleRateLimits(name: string, value: unknown): RateLimits | undefined {
+  if (value === undefined) return undefined;
+  try {
+    return checkRateLimits(value);
+  } catch (error) {
+    const issues = error instanceof InputValidationError ? error.issues : [];
+    badInput(
+      `job module ${name}: ${issues.length === 0 ? firstLine(error) : issues.map((i) => `${i.path} ${i.message}`).join('; ')}`,
+    );
+  }
+}
 
 /** The module's `queue`: a valid queue name, or by default the one its plan's name gives. */
 function checkQueue(name: string, value: unknown, planName: string): string {

@@ -64,7 +64,8 @@ Usage:
       one line per event, in the order they happened (--json: in commit order); --follow until
       the run ends; errors whole (--verbose: with stacks); --full: payloads and call ids uncut.
       Besides step and run changes: tool.called (executed, receipt replayed or held, duration),
-      model.called (tokens, cost, duration), step.ran / turn.ran (worker host and pid, duration),
+      model.called (tokens, cost, duration), model.rate_limited (a wait for the model rate
+      limits), step.ran / turn.ran (worker host and pid, duration),
       step.takenOver / turn.takenOver (run again after its worker stopped)
   flujo approve <runId> <stepId> [--call ID] [--by NAME] [--comment TEXT] [--json]
   flujo reject <runId> <stepId> [--call ID] [--by NAME] [--comment TEXT] [--json]
@@ -133,6 +134,8 @@ Job module (run, resume, worker): an ES module (.js, .mjs or .ts; it imports the
   pricing     { models: { "<model>": { inputPerMillion, outputPerMillion } } } in USD, or the
               path of such a JSON file beside the module (optional)
   strictPricing  true: a model without a price fails its step before any request (optional)
+  rateLimits  { "<model or provider>": { requestsPerMinute?, tokensPerMinute? } } (optional):
+              model calls wait for capacity, shared by every worker of the prefix
   signals     { name: zodSchema }: the signals its runs take (optional); flujo signal checks a
               payload against them when the run records this module
   schedules   { id: { cron | everyMs, tz?, input?, overlap?, catchupWindowMs? } } (optional):

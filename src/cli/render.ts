@@ -269,6 +269,9 @@ export function eventLine(e: StoredRunEvent, options: RenderOptions = {}): strin
     case 'model.called':
       detail = `${unitOf(d)}: ${s('model')} ${s('inputTokens')} in + ${s('outputTokens')} out tokens, $${Number(d['costUsd']).toFixed(6)}, ${duration(Number(d['durationMs']))} (${s('charged')}; reservation ${s('reservationId')})`;
       break;
+    case 'model.rate_limited':
+      detail = `${unitOf(d)}: ${s('model')} waited ${duration(Number(d['waitedMs']))} for its rate limits ${((d['limits'] as unknown[] | undefined) ?? []).join(', ')} (${s('reason')}; ${s('outcome')})`;
+      break;
     case 'step.ran':
     case 'turn.ran':
       detail = `${unitOf(d)}: ran ${duration(Number(d['durationMs']))} on ${workerOf(d['worker'])}`;

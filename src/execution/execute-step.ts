@@ -40,6 +40,7 @@ import {
 } from './policies.js';
 import type { ModelContext } from './model-context.js';
 import type { RunUsageBudget, UsageMeter } from './usage-meter.js';
+import type { ModelRateLimiter } from './rate-limits.js';
 import { callGate, type CallGate, type CallToApprove } from './call-approval.js';
 import type { ReplayedEffect, ReplayedStep } from './replay-calls.js';
 import { traceAttempt } from '../observability/spans.js';
@@ -118,6 +119,8 @@ export interface StepExecutionDeps {
   meter?: UsageMeter;
   /** Shapes what the model is sent: truncation, blobs put back. */
   context?: ModelContext;
+  /** The runtime's model rate limits. */
+  rateLimits?: ModelRateLimiter;
   /** Stores a large tool result of a granular step as a blob; returns what the history keeps. */
   results?: ResultStore;
   /** The run's usage budget. */
@@ -163,6 +166,7 @@ export function loopDeps(
     ...replyStream(deps, { runId: where.runId, stepId: where.step.id, attempt: where.attempt }),
     ...(deps.meter === undefined ? {} : { meter: deps.meter }),
     ...(deps.context === undefined ? {} : { context: deps.context }),
+    ...(deps.rateLimits === undefined ? {} : { rateLimits: deps.rateLimits }),
     ...(deps.recorder === undefined ? {} : { recorder: deps.recorder }),
   };
 }

@@ -15,6 +15,7 @@ import { type ToolRunContext, type ToolRunDeps } from './agent-tools.js';
 import { traceModelCall } from '../observability/spans.js';
 import type { ModelContext } from './model-context.js';
 import type { RunUsageBudget, UsageMeter } from './usage-meter.js';
+import type { ModelRateLimiter, RateLimitObserver } from './rate-limits.js';
 
 /** What an agent step returns: the final answer and what it took. */
 export interface AgentResult {
@@ -46,6 +47,8 @@ export interface AgentLoopDeps extends ToolRunDeps {
   meter?: UsageMeter;
   /** Shapes what the model is sent (truncation, blobs). @defaultValue the conversation as is */
   context?: ModelContext;
+  /** The runtime's model rate limits. @defaultValue none: every call is sent at once */
+  rateLimits?: ModelRateLimiter;
   /**
    * The model calls of an atomic step's attempt as the journal holds them (see
    * {@link AttemptCallJournal}). @defaultValue nothing is journaled, every reply is asked for
@@ -99,7 +102,15 @@ export function shaped(
     : deps.context.prepare({ agent, step, runId, messages: conversation });
 }
 
-/** Asks the model for the reply of `turn` to `messages` (as shaped), metered when the deps say so. */
+/** How many times one model call is sent at most when the provider answers 429 under its rate limits. */
+const RATE_LIMITED_TRIES = 3;
+
+/**
+ * Asks the model for the reply of `turn` to `messages` (as shaped), metered when the deps say so.
+ * Under rate limits (see `rate-limits.ts`), the call first waits for capacity; a 429 blocks its
+ * limits for every worker, and the call is asked again once the block ends (up to
+ * {@link RATE_LIMITED_TRIES} requests in all, each metered on its own), then fails as it came.
+ */
 export async function askModel(
   deps: AgentLoopDeps,
   args: AgentStepArgs,
@@ -107,10 +118,45 @@ export async function askModel(
   messages: readonly ChatMessage[],
   alongside?: (reply: ModelReply) => void,
 ): Promise<ModelReply> {
+  const limits = deps.rateLimits?.forAgent(args.agent) ?? null;
+  if (limits === null) return askOnce(deps, args, turn, messages, alongside);
+  const recorder = deps.recorder;
+  const observer: RateLimitObserver | undefined =
+    recorder === undefined
+      ? undefined
+      : { modelRateLimited: (wait) => recorder.modelRateLimited({ ...wait, turn }) };
+  for (let tries = 1; ; tries++) {
+    const grant = await limits.acquire(messages, args.signal, observer);
+    const sending = { started: false };
+    let reply: ModelReply;
+    try {
+      reply = await askOnce(deps, args, turn, messages, alongside, sending);
+    } catch (error) {
+      // Refused before it was sent (a budget, a quota): its capacity is given back.
+      if (!sending.started) await grant.release();
+      const blocked = await limits.rejected(error);
+      if (blocked && tries < RATE_LIMITED_TRIES && !args.signal.aborted) continue;
+      throw error;
+    }
+    grant.used(reply);
+    return reply;
+  }
+}
+
+/** One model call, metered when the deps say so; `sending.started` is set as it is sent. */
+function askOnce(
+  deps: AgentLoopDeps,
+  args: AgentStepArgs,
+  turn: number,
+  messages: readonly ChatMessage[],
+  alongside?: (reply: ModelReply) => void,
+  sending?: { started: boolean },
+): Promise<ModelReply> {
   const { agent, step, runId, tenantId, signal } = args;
   const stream = deps.stream;
-  const complete = (onSend?: () => Promise<void>) =>
-    traceModelCall({ model: agent.model, agent: agent.name }, () =>
+  const complete = (onSend?: () => Promise<void>) => {
+    if (sending !== undefined) sending.started = true;
+    return traceModelCall({ model: agent.model, agent: agent.name }, () =>
       deps.clients.clientFor(agent).complete({
         messages,
         signal,
@@ -118,6 +164,7 @@ export async function askModel(
         ...(onSend === undefined ? {} : { onSend }),
       }),
     );
+  };
   if (deps.meter === undefined) return complete();
   const recorder = deps.recorder;
   return deps.meter.call(

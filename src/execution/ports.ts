@@ -13,6 +13,7 @@ import type { JsonValue } from '../internal/json.js';
 import type { ChatMessage } from '../llm/messages.js';
 import type { ToolCallObservation, ToolCallObserver } from '../tools/call-tool.js';
 import type { ModelCallObserver } from './usage-meter.js';
+import type { RateLimitObserver } from './rate-limits.js';
 
 export type { ResultStore } from '../tools/call-tool.js';
 
@@ -49,10 +50,10 @@ export interface LiveFeed {
 }
 
 /**
- * Records the calls an execution made, for its unit's commit: the observer of its tool calls and
- * of its metered model calls.
+ * Records the calls an execution made, for its unit's commit: the observer of its tool calls, of
+ * its metered model calls and of their waits for capacity under the model rate limits.
  */
-export interface CallRecorder extends ToolCallObserver, ModelCallObserver {
+export interface CallRecorder extends ToolCallObserver, ModelCallObserver, RateLimitObserver {
   /** How a tool call went (`turn` in an agent step). */
   toolCalled(call: ToolCallObservation & { turn?: number }): void;
 }

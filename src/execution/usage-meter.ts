@@ -139,6 +139,11 @@ export interface UsageMeter {
   /** The price usage of `model` is charged by, or null when the table has none. */
   priceOf(model: string): ModelPrice | null;
   /**
+   * The tokens a request of `agent` with `messages` is estimated at, as its reservation counts
+   * them: the input and the output buffer.
+   */
+  estimateTokens(agent: AgentDefinition, messages: readonly ChatMessage[]): number;
+  /**
    * Prepares the reservation of a call to come (the next turn of a granular step), so it can be
    * sent beside the commit before it rather than after: `reserve()` sends it (once; later calls do
    * nothing), and the step's next {@link UsageMeter.call} for `call.turn` takes it when it asks for
@@ -198,20 +203,24 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
     return held;
   };
 
-  /** What a call reserves: its estimate (with its cost) and the limits it is checked against. */
-  const figuresOf = (call: MeteredCall): Figures => {
-    const { agent } = call;
-    const price = resolvePrice(pricing, agent.model, { strict });
-    const estimate = estimateRequest({
+  /** The estimated tokens of a request of `agent` with `messages`. */
+  const estimateOf = (agent: AgentDefinition, messages: readonly ChatMessage[]) =>
+    estimateRequest({
       counter: counterFor(agent.model),
       systemPrompt: agent.systemPrompt,
-      messages: call.messages,
+      messages,
       toolsJson: toolsOf(agent),
       ...(agent.settings.maxTokens === undefined
         ? {}
         : { maxOutputTokens: agent.settings.maxTokens }),
       defaultOutputTokens,
     });
+
+  /** What a call reserves: its estimate (with its cost) and the limits it is checked against. */
+  const figuresOf = (call: MeteredCall): Figures => {
+    const { agent } = call;
+    const price = resolvePrice(pricing, agent.model, { strict });
+    const estimate = estimateOf(agent, call.messages);
     const microUsd = price === null ? 0 : costMicroUsd(price, estimate);
     const baselineMicroUsd =
       price === null
@@ -334,6 +343,10 @@ export function createUsageMeter(options: UsageMeterOptions): UsageMeter {
   return {
     settle,
     priceOf: (model) => resolvePrice(pricing, model, { strict: false }),
+    estimateTokens(agent, messages) {
+      const estimate = estimateOf(agent, messages);
+      return estimate.inputTokens + estimate.outputTokens;
+    },
 
     prepare(call) {
       const key = aheadKey(call.runId, call.stepId);

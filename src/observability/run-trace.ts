@@ -169,6 +169,7 @@ const ATTEMPT_EVENTS = new Set([
   'tool.approvalRequested',
   'tool.called',
   'model.called',
+  'model.rate_limited',
   'step.ran',
   'turn.ran',
   'step.takenOver',

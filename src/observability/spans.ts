@@ -108,6 +108,37 @@ export function traceModelCall<T extends ReplyLike>(
   );
 }
 
+/**
+ * A model call's wait for capacity under the runtime's rate limits (`flujo.model.rate_limited`),
+ * before its `chat` span: the model, the limits it is under, and how the wait ended
+ * (`flujo.rate_limit.outcome`: sent, gave_up, aborted) after how long.
+ */
+export function traceRateLimitWait<T extends { waitedMs: number; outcome: string }>(
+  request: { model: string; limits: readonly string[] },
+  fn: () => Promise<T>,
+): Promise<T> {
+  return traced(
+    'flujo.model.rate_limited',
+    {
+      attributes: {
+        'gen_ai.request.model': request.model,
+        'flujo.rate_limit.names': [...request.limits],
+      },
+      end: (wait, span) => {
+        span.setAttribute('flujo.rate_limit.waited_ms', wait.waitedMs);
+        span.setAttribute('flujo.rate_limit.outcome', wait.outcome);
+      },
+      error: (error, span) => {
+        span.setAttribute('flujo.rate_limit.outcome', isAbort(error) ? 'aborted' : 'gave_up');
+        return !isAbort(error);
+      },
+    },
+    fn,
+  );
+}
+
+const isAbort = (error: unknown): boolean => errorName(error) === 'AbortError';
+
 /** The ledger's verdict on a tool call, as the `flujo.tool.verdict` attribute says it. */
 export const ToolVerdict = {
   /** The tool ran in this call. */

@@ -200,6 +200,13 @@ export interface Keys {
   /** The BullMQ key prefix: hash-tagged, so every queue key shares one Redis Cluster slot. */
   queuePrefix(): string;
   /**
+   * The keys of one model rate limit (see `rate-limit-store.ts`), which share the hash tag
+   * `{<prefix>:rate:<name>}`: `log`, a ZSET of the requests let through in the window (member:
+   * grant id, score: epoch ms), and `state`, a HASH (`until`: blocked until, epoch ms, after a
+   * 429; `tok`: tokens in the window; `t:<grant id>`: one request's tokens).
+   */
+  rateLimit(name: string): { log: string; state: string };
+  /**
    * HASH of every schedule's definition (schedule id → JSON): `{<prefix>:schedules}:defs`. The
    * schedules' keys share the hash tag `{<prefix>:schedules}`, so one script may touch them together.
    */
@@ -216,6 +223,20 @@ export interface Keys {
    * `{<prefix>:schedules}:fire-times:<scheduleId>`.
    */
   scheduleFireTimes(scheduleId: string): string;
+}
+
+/** What a rate limit's name may be: 1 to 200 characters, no `{` or `}` (they would break the hash tag). */
+export const RATE_LIMIT_NAME_PATTERN = /^[^{}\s]{1,200}$/;
+
+function assertRateLimitName(name: string): void {
+  if (typeof name !== 'string' || !RATE_LIMIT_NAME_PATTERN.test(name)) {
+    throw new InputValidationError('rate limit', [
+      {
+        path: 'name',
+        message: `must be 1 to 200 characters without "{", "}" or spaces, got ${JSON.stringify(name)}`,
+      },
+    ]);
+  }
 }
 
 /** Throws {@link InputValidationError} naming `field` unless `runId` is a valid run id. */
@@ -422,6 +443,11 @@ export function createKeys(prefix: string = DEFAULT_KEY_PREFIX): Keys {
       return `${prefix}:request:${tenantId}:${requestKey}`;
     },
     queuePrefix: () => `{${prefix}:q}`,
+    rateLimit: (name) => {
+      assertRateLimitName(name);
+      const tag = `{${prefix}:rate:${name}}`;
+      return { log: `${tag}:log`, state: `${tag}:state` };
+    },
     scheduleDefs: () => `{${prefix}:schedules}:defs`,
     scheduleState: (id) => `{${prefix}:schedules}:state:${scheduleKeyId(id)}`,
     scheduleFires: (id) => `{${prefix}:schedules}:fires:${scheduleKeyId(id)}`,
