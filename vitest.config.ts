@@ -61,6 +61,7 @@ const CLUSTER_SUITES = [
   'worker-sweep',
   'signals',
   'schedules',
+  'concurrency',
 ];
 
 // Three projects. `unit` needs nothing but Node: no Redis, no build. `integration` starts its own

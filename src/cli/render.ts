@@ -614,6 +614,10 @@ export function statusLines(
   }
   if (report.idle != null) lines.push(idleLine(report.idle, next));
   if (report.routing != null) lines.push(...routingLines(report.routing));
+  for (const w of report.concurrency ?? []) {
+    const who = w.stepId === null ? 'the run is' : `step ${w.stepId} is`;
+    lines.push(`  ${who} ${w.message}, since ${clock(w.since)}`);
+  }
   return lines.concat(lineageLines(report), summaryLines(report, undefined, options).slice(1));
 }
 
