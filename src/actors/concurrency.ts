@@ -9,7 +9,8 @@
  * Slots are leases. A step's slot lapses {@link STEP_SLOT_LEASE_MS} after its worker stopped
  * renewing it (a killed worker gives it back so). A run's slot is held across the run's waits, so
  * a lapsed one is checked before it is freed: a run still live keeps it, a run that ended (or is
- * gone) frees it. A run gives its slot back when it ends (`RuntimeQueues`: `releaseRunSlot`).
+ * gone) frees it. A run gives its slot back when it ends (`RuntimeQueues`: `releaseRunSlot`), and
+ * its places among its steps' waiters.
  */
 import type { JsonValue } from '../internal/json.js';
 import { runSlotOf, stepSlotOf, type ConcurrencySlot } from '../plan/concurrency.js';
@@ -88,7 +89,7 @@ export function withRecords<U extends { records(): Promise<RunEventRecord[]> }>(
 }
 
 /** The holder id of a step's slot: the run and the step (no step id has a `/`). */
-const stepHolder = (runId: string, stepId: string) => `${runId}/${stepId}`;
+export const stepHolder = (runId: string, stepId: string): string => `${runId}/${stepId}`;
 
 /** Wakes the parked units a slot was handed to (their jobs, promoted). */
 export async function wakeSlotWaiters(core: RuntimeCore, woken: readonly Woken[]): Promise<void> {

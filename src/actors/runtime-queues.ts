@@ -13,9 +13,13 @@ import type { Keys } from '../persistence/keys.js';
 import { createStreamWatcher, type StreamWatcher } from '../persistence/stream-watcher.js';
 import { createRunChannels, type RunChannels } from '../persistence/run-channels.js';
 import type { RuntimeMeta } from './runtime-meta.js';
-import { runSlotOf } from '../plan/concurrency.js';
-import { createConcurrencySlots, type ConcurrencySlots } from '../persistence/concurrency-store.js';
-import { RUN_LEASE } from './concurrency.js';
+import { runSlotOf, stepSlotOf, type ConcurrencySlot } from '../plan/concurrency.js';
+import {
+  createConcurrencySlots,
+  type ConcurrencySlots,
+  type SlotLease,
+} from '../persistence/concurrency-store.js';
+import { RUN_LEASE, STEP_LEASE, stepHolder } from './concurrency.js';
 import {
   dueJobs,
   JobName,
@@ -336,9 +340,11 @@ export class RuntimeQueues {
   }
 
   /**
-   * Gives back the concurrency slot a run of a plan with `concurrency` holds, and wakes the run it
-   * is handed to. Harmless when the run holds none; one that is not given back (Redis trouble, a
-   * crash before it) is freed when its lease lapses and the run is found ended.
+   * Gives back the concurrency slots of a run that ended: its run's slot (a plan with
+   * `concurrency`), and its place among the waiters of its steps' slots (a step with
+   * `concurrency`, whose unit will not come now), and wakes the units they are handed to.
+   * Harmless when the run holds none; one that is not given back (Redis trouble, a crash before
+   * it) is freed when its lease lapses (a run's: once the run is found ended).
    */
   async releaseRunSlot(runId: string): Promise<void> {
     let meta;
@@ -348,10 +354,18 @@ export class RuntimeQueues {
       if (error instanceof InputValidationError) return; // no meta: the lease check frees it
       throw error;
     }
-    const slot = runSlotOf(meta.plan, meta.input, meta.tenantId);
-    if (slot === null) return;
-    const woken = await this.#slots.release(slot, runId, RUN_LEASE);
-    for (const w of woken) await this.wakeParked(w.wake);
+    const { plan, input, tenantId } = meta;
+    const held: [ConcurrencySlot, string, SlotLease][] = [];
+    const runSlot = runSlotOf(plan, input, tenantId);
+    if (runSlot !== null) held.push([runSlot, runId, RUN_LEASE]);
+    for (const step of plan.steps) {
+      const slot = stepSlotOf(plan, step, input, tenantId);
+      if (slot !== null) held.push([slot, stepHolder(runId, step.id), STEP_LEASE]);
+    }
+    for (const [slot, holder, lease] of held) {
+      const woken = await this.#slots.release(slot, holder, lease);
+      for (const w of woken) await this.wakeParked(w.wake);
+    }
   }
 
   /**

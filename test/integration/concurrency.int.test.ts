@@ -11,7 +11,8 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createRuntime, type Runtime } from '../../src/runtime.js';
+import { createRuntime, runtimeCore, type Runtime } from '../../src/runtime.js';
+import { SLOT_RECHECK_MS, STEP_LEASE, STEP_SLOT_LEASE_MS } from '../../src/actors/concurrency.js';
 import { PlanValidationError } from '../../src/errors.js';
 import type { PlanInput } from '../../src/plan/schema.js';
 import type { FlujoWorker } from '../../src/worker/worker.js';
@@ -100,7 +101,7 @@ describe('concurrency per key', { timeout: 180_000 }, () => {
     const log = join(scratch, 'intervals');
     writeFileSync(log, '');
     const worker = (env: Record<string, string> = {}) =>
-      startFlujo(['worker', JOB, '--concurrency', '3'], {
+      startFlujo(['worker', JOB, '--concurrency', '3', '--redis-timeout', '15000'], {
         prefix,
         env: { CONCURRENCY_LOG: log, ...env },
       });
@@ -109,7 +110,17 @@ describe('concurrency per key', { timeout: 180_000 }, () => {
     const b = worker();
     const c = worker();
     const ready = (w: typeof a) => w.out().includes('flujo worker: processing runs');
-    await expect.poll(() => ready(a) && ready(b) && ready(c), { timeout: 90_000 }).toBe(true);
+    await expect
+      .poll(() => ready(a) && ready(b) && ready(c), { timeout: 90_000 })
+      .toBe(true)
+      .catch((error: unknown) => {
+        throw new Error(
+          `workers not ready: ${[a, b, c].map((w) => w.out() + w.err()).join('\n---\n')}`,
+          {
+            cause: error,
+          },
+        );
+      });
     const runtime = runtimeOn(prefix);
     const handles = [];
     for (let i = 0; i < 40; i++) {
@@ -125,6 +136,10 @@ describe('concurrency per key', { timeout: 180_000 }, () => {
 
     const runs = intervals(readFileSync(log, 'utf8'));
     expect(runs).toHaveLength(40);
+    // Ten runs of about 200 ms per customer, side by side, and one worker's death: a slot freed
+    // wakes the next run at once (a wake-up lost would cost 5 s per run).
+    const span = Math.max(...runs.map((r) => r.end)) - Math.min(...runs.map((r) => r.start));
+    expect(span).toBeLessThan(15_000);
     // No two runs of one customer overlap.
     for (const customer of ['c0', 'c1', 'c2', 'c3']) {
       const mine = runs.filter((r) => r.customer === customer).sort((x, y) => x.start - y.start);
@@ -267,6 +282,47 @@ describe('concurrency per key', { timeout: 180_000 }, () => {
       `call waiting for a concurrency slot of key tenant=${reports[0]!.tenantId} (limit 2)`,
     ]);
     // A slot is given back right after the commit that ends its unit or run.
+    await expect.poll(() => scanKeys(redis, `{${prefix}:conc:*`)).toEqual([]);
+  });
+
+  it("a step's slot whose holder stopped renewing it (its worker died) frees within its lease", async () => {
+    const prefix = testPrefix();
+    const ran: number[] = [];
+    const runtime = runtimeOn(prefix, { operators: { once: () => (ran.push(Date.now()), {}) } });
+    const plan = {
+      name: 'leased',
+      steps: [
+        {
+          id: 'call',
+          kind: 'operator' as const,
+          operator: 'once',
+          concurrency: { key: 'input.account', limit: 1 },
+        },
+      ],
+    };
+    // A dead worker's holder: it took the slot and never renews or gives it back.
+    const slot = { scope: 'run:leased', value: 'a1', limit: 1 };
+    const stepSlot = { ...slot, scope: 'step:leased:call' };
+    const taken = await runtimeCore(runtime).stores.slots.acquire(
+      stepSlot,
+      'gone-run/call',
+      STEP_LEASE,
+      '{}',
+    );
+    expect(taken.granted).toBe(true);
+    const takenAt = Date.now();
+    const w = runtime.createWorker({ concurrency: 2 });
+    workers.push(w);
+    await w.ready();
+    const run = await runtime.start(plan, { account: 'a1' });
+    await expect
+      .poll(async () => (await run.status()).concurrency?.map((c) => c.stepId))
+      .toEqual(['call']);
+    expect((await run.settled({ timeoutMs: 20_000 })).status).toBe('succeeded');
+    expect(ran).toHaveLength(1);
+    // Not before the lease lapsed, and soon after (a parked unit looks again every 5 s).
+    expect(ran[0]! - takenAt).toBeGreaterThanOrEqual(STEP_SLOT_LEASE_MS);
+    expect(ran[0]! - takenAt).toBeLessThan(STEP_SLOT_LEASE_MS + SLOT_RECHECK_MS + 2000);
     await expect.poll(() => scanKeys(redis, `{${prefix}:conc:*`)).toEqual([]);
   });
 
