@@ -277,6 +277,9 @@ export function eventLine(e: StoredRunEvent, options: RenderOptions = {}): strin
     case 'turn.takenOver':
       detail = `${unitOf(d)}: run again by ${workerOf(d['worker'])}; ${workerOf(d['previousWorker'])} started it at ${clock(d['previousStartedAt'])} and never committed it (its worker stopped)`;
       break;
+    case 'concurrency.waited':
+      detail = `${unitOf(d)}: waited ${duration(Number(d['waitedMs']))} for a concurrency slot of key ${s('key')} (limit ${s('limit')}, ${s('scope')})`;
+      break;
     case 'run.finished':
       detail = `${s('status')}; produced ${Object.keys(d['produced'] ?? {}).join(', ') || 'nothing'}${
         d['blockedStep'] == null ? '' : `; blocked at ${s('blockedStep')}`
