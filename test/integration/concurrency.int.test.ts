@@ -3,7 +3,9 @@
  * customers on three `flujo worker` processes, one SIGKILLed mid-run (each step logs its
  * interval: no two runs of one customer overlap, runs of different customers do, all finish, no
  * slot is left); a run that waits says for which key in its status (`runtime.status` and `flujo
- * status`) and records its wait; a step limited across runs; bad limits refused, nothing written.
+ * status`) and records its wait; a step limited across runs; a step's slot whose holder stopped
+ * renewing it lapses within its lease; a run's lapsed slot is checked against the run (kept while
+ * the run lives, freed when it is gone); bad limits refused, nothing written.
  */
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -323,6 +325,50 @@ describe('concurrency per key', { timeout: 180_000 }, () => {
     // Not before the lease lapsed, and soon after (a parked unit looks again every 5 s).
     expect(ran[0]! - takenAt).toBeGreaterThanOrEqual(STEP_SLOT_LEASE_MS);
     expect(ran[0]! - takenAt).toBeLessThan(STEP_SLOT_LEASE_MS + SLOT_RECHECK_MS + 2000);
+    await expect.poll(() => scanKeys(redis, `{${prefix}:conc:*`)).toEqual([]);
+  });
+
+  it("a run's lapsed slot is checked before it is freed: a live run keeps it, a gone one gives it back", async () => {
+    const prefix = testPrefix();
+    const releases = new Map<string, () => void>();
+    const runtime = runtimeOn(prefix, {
+      operators: {
+        hold: ({ runInput }) =>
+          new Promise((resolve) => {
+            releases.set((runInput as { id: string }).id, () => resolve({}));
+          }),
+      },
+    });
+    const { slots } = runtimeCore(runtime).stores;
+    const plan = {
+      name: 'checked',
+      concurrency: { key: 'input.customer', limit: 1 },
+      steps: [{ id: 'hold', kind: 'operator' as const, operator: 'hold' }],
+    };
+    const slot = { scope: 'run:checked', value: 'acme', limit: 1 };
+    // A run that is gone (its end's release lost) holds the slot, its lease lapsing at once.
+    const short = { leaseMs: 50, handoverMs: 50, freeLapsed: false };
+    expect((await slots.acquire(slot, 'gone-run', short, '{}')).granted).toBe(true);
+    await sleep(100);
+    const w = runtime.createWorker({ concurrency: 4 });
+    workers.push(w);
+    await w.ready();
+    const live = await runtime.start(plan, { customer: 'acme', id: 'live' });
+    // The lapsed holder was found gone: the live run took the slot.
+    await expect.poll(() => releases.has('live'), { timeout: 10_000 }).toBe(true);
+    expect(await slots.holds(slot, 'gone-run')).toBe(false);
+    // The live run's lease lapses (shortened here): checked, it keeps its slot.
+    await slots.renew(slot, live.runId, 50);
+    await sleep(100);
+    const next = await runtime.start(plan, { customer: 'acme', id: 'next' });
+    await expect.poll(async () => (await next.status()).concurrency?.length).toBe(1);
+    await sleep(300);
+    expect(releases.has('next')).toBe(false);
+    expect(await slots.holds(slot, live.runId)).toBe(true);
+    releases.get('live')!();
+    await expect.poll(() => releases.has('next'), { timeout: 10_000 }).toBe(true);
+    releases.get('next')!();
+    expect((await next.settled({ timeoutMs: 10_000 })).status).toBe('succeeded');
     await expect.poll(() => scanKeys(redis, `{${prefix}:conc:*`)).toEqual([]);
   });
 
