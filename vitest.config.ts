@@ -62,6 +62,7 @@ const CLUSTER_SUITES = [
   'signals',
   'schedules',
   'model-rate-limits',
+  'concurrency',
 ];
 
 // Three projects. `unit` needs nothing but Node: no Redis, no build. `integration` starts its own

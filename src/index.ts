@@ -192,6 +192,7 @@ export type {
 // The runtime: start, steer and observe runs; workers execute them through BullMQ.
 export { createRuntime } from './runtime.js';
 export type {
+  ConcurrencyWait,
   DecisionInput,
   PendingApproval,
   PendingWait,

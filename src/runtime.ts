@@ -73,6 +73,7 @@ export type { StartOptions, WorkerInfo };
 export type { DecisionInput, SkipInput } from './operations/decisions.js';
 export {
   IDLE_WORK_MS,
+  type ConcurrencyWait,
   type PendingApproval,
   type PendingWait,
   type RunReport,

@@ -1,4 +1,4 @@
-import { Queue } from 'bullmq';
+import { Job, Queue } from 'bullmq';
 import { InputValidationError } from '../errors.js';
 import type { Redis } from 'ioredis';
 import type { AppliedEvent } from './run-host.js';
@@ -13,6 +13,13 @@ import type { Keys } from '../persistence/keys.js';
 import { createStreamWatcher, type StreamWatcher } from '../persistence/stream-watcher.js';
 import { createRunChannels, type RunChannels } from '../persistence/run-channels.js';
 import type { RuntimeMeta } from './runtime-meta.js';
+import { runSlotOf, stepSlotOf, type ConcurrencySlot } from '../plan/concurrency.js';
+import {
+  createConcurrencySlots,
+  type ConcurrencySlots,
+  type SlotLease,
+} from '../persistence/concurrency-store.js';
+import { RUN_LEASE, STEP_LEASE, stepHolder } from './concurrency.js';
 import {
   dueJobs,
   JobName,
@@ -95,6 +102,7 @@ export class RuntimeQueues {
   readonly #clock: () => number;
   readonly #meta: RuntimeMeta;
   readonly #inbox: InboxStore;
+  readonly #slots: ConcurrencySlots;
 
   /** Opens nothing: the queue, the subscriber and the watcher are made on first use. */
   constructor(options: RuntimeQueuesOptions) {
@@ -107,6 +115,7 @@ export class RuntimeQueues {
     this.#meta = options.meta;
     this.channels = createRunChannels(options.redis, options.keys);
     this.#inbox = createInboxStore(options.redis, options.keys);
+    this.#slots = createConcurrencySlots(options.redis, options.keys);
   }
 
   /**
@@ -166,7 +175,7 @@ export class RuntimeQueues {
     const { snapshot } = envelope;
     const jobs = await this.#dueUncarried(runId, envelope, self);
     if (jobs.length > 0) await this.add(jobs);
-    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#meta.ended(runId);
+    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#ended(runId);
   }
 
   /** The jobs the run's snapshot says are due, but a unit an active carrier runs (see above). */
@@ -230,7 +239,7 @@ export class RuntimeQueues {
       ),
       jobs.length > 0 ? this.add(jobs) : undefined,
     ]);
-    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#meta.ended(runId);
+    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#ended(runId);
     if (finished.length === 0 || (await version(runId)) !== envelope.version) return [];
     await this.redriveDue(runId, envelope);
     return finished;
@@ -320,7 +329,65 @@ export class RuntimeQueues {
     if (!applied.committed) return this.enqueueDue(runId, applied.envelope);
     const jobs = plannedJobs(runId, snapshot, applied.transition.planned, this.#clock());
     if (jobs.length > 0) await this.add(jobs);
-    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#meta.ended(runId);
+    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#ended(runId);
+  }
+
+  /** A run that ended: its keys' expiry and its leaving the active runs, then its slot given back. */
+  async #ended(runId: string): Promise<void> {
+    await this.#meta.ended(runId);
+    // A slot not given back now is freed once its lease lapses and the run is found ended.
+    await this.releaseRunSlot(runId).catch(() => {});
+  }
+
+  /**
+   * Gives back the concurrency slots of a run that ended: its run's slot (a plan with
+   * `concurrency`), and its place among the waiters of its steps' slots (a step with
+   * `concurrency`, whose unit will not come now), and wakes the units they are handed to.
+   * Harmless when the run holds none; one that is not given back (Redis trouble, a crash before
+   * it) is freed when its lease lapses (a run's: once the run is found ended).
+   */
+  async releaseRunSlot(runId: string): Promise<void> {
+    let meta;
+    try {
+      meta = await this.#meta.read(runId);
+    } catch (error) {
+      if (error instanceof InputValidationError) return; // no meta: the lease check frees it
+      throw error;
+    }
+    const { plan, input, tenantId } = meta;
+    const held: [ConcurrencySlot, string, SlotLease][] = [];
+    const runSlot = runSlotOf(plan, input, tenantId);
+    if (runSlot !== null) held.push([runSlot, runId, RUN_LEASE]);
+    for (const step of plan.steps) {
+      const slot = stepSlotOf(plan, step, input, tenantId);
+      if (slot !== null) held.push([slot, stepHolder(runId, step.id), STEP_LEASE]);
+    }
+    for (const [slot, holder, lease] of held) {
+      const woken = await this.#slots.release(slot, holder, lease);
+      for (const w of woken) await this.wakeParked(w.wake);
+    }
+  }
+
+  /**
+   * Wakes a unit parked for a concurrency slot that was handed to it: `wake` names its run and
+   * job (JSON `{ runId, jobId }`). Trouble is left to the unit's own recheck, which comes anyway.
+   */
+  async wakeParked(wake: string): Promise<void> {
+    try {
+      const { runId, jobId } = JSON.parse(wake) as { runId: string; jobId: string };
+      await this.wakeJob(runId, jobId);
+    } catch {
+      // its recheck takes the slot it was handed
+    }
+  }
+
+  /**
+   * Runs a parked unit's job now (a delayed job promoted): a slot was handed to it. Nothing when the
+   * job is not delayed (it runs, or has not parked yet: it then finds its slot on its own).
+   */
+  async wakeJob(runId: string, jobId: string): Promise<void> {
+    const job = await Job.fromId(await this.runQueue(runId), jobId);
+    if (job !== undefined && (await job.isDelayed())) await job.promote();
   }
 
   /**

@@ -28,6 +28,7 @@ import { createRunCounters, type RunCounters } from '../persistence/run-counters
 import { createRequestKeys, type RequestKeys } from '../persistence/request-keys.js';
 import { createUnitNotes, type UnitNotes } from '../persistence/unit-notes.js';
 import { createInboxStore, type InboxStore } from '../persistence/inbox.js';
+import { createConcurrencySlots, type ConcurrencySlots } from '../persistence/concurrency-store.js';
 import type { ReplicaAck } from '../persistence/replicas.js';
 
 /** The unit-notes field {@link RuntimeStores.acknowledgeRead} writes: not a step id (see STEP_ID_PATTERN). */
@@ -76,6 +77,8 @@ export class RuntimeStores {
   readonly unitNotes: UnitNotes;
   /** The runs' inboxes of signals. */
   readonly inbox: InboxStore;
+  /** Concurrency slots per key value (a plan's or a step's `concurrency`). */
+  readonly slots: ConcurrencySlots;
   /** The model replies of agent turns, journaled before they are used. */
   readonly journal: ModelJournal;
   /** The message histories of granular agent steps. */
@@ -124,6 +127,7 @@ export class RuntimeStores {
     this.requestKeys = createRequestKeys(redis, keys, replicas);
     this.unitNotes = createUnitNotes(redis, keys);
     this.inbox = createInboxStore(redis, keys);
+    this.slots = createConcurrencySlots(redis, keys);
     const stores = { redis, prefix: keys.prefix };
     this.journal = createModelJournal(stores);
     this.history = createHistoryStore(stores);

@@ -28,6 +28,8 @@ import {
 import type { JobData } from './jobs.js';
 import { executeCached } from '../execution/step-cache.js';
 import { startUnit } from './unit-start.js';
+import { takeSlots, wakeJobIdOf, withRecords } from './concurrency.js';
+import type { RunEventRecord } from '../persistence/snapshot-store.js';
 import { runWaitUnit } from './wait.js';
 import { skipIfUntaken } from './condition.js';
 import {
@@ -71,8 +73,26 @@ export async function runStepUnit(
   // A step whose condition is false is skipped, not run.
   const untaken = await skipIfUntaken(host, data, admitted, chain);
   if (untaken !== null) return untaken;
-  // A wait step runs no code: its unit is a wait's (wait.ts).
-  if (admitted.step.kind === 'wait') return runWaitUnit(host, data, admitted);
+  // The run's and the step's concurrency slots, or the unit parked until it gets them.
+  const slots = await takeSlots(core, data, admitted, wakeJobIdOf(chain, held, data));
+  if ('parked' in slots) return slots;
+  try {
+    // A wait step runs no code: its unit is a wait's (wait.ts).
+    if (admitted.step.kind === 'wait') return await runWaitUnit(host, data, admitted);
+    return await heldAttempt(host, { data, chain, admitted, records: slots.records }, jobSignal);
+  } finally {
+    await slots.release();
+  }
+}
+
+/** An attempt admitted, with its slots: guarded, executed, committed, and what follows. */
+async function heldAttempt(
+  host: UnitHost,
+  a: { data: JobData; chain: Chain; admitted: Admitted; records: RunEventRecord[] },
+  jobSignal: AbortSignal | undefined,
+): Promise<UnitOutcome> {
+  const { core } = host;
+  const { data, chain, admitted } = a;
   const { env, state, meta, step } = admitted;
   const { runId } = data;
   const stepId = data.stepId!;
@@ -80,14 +100,17 @@ export async function runStepUnit(
   const depOutputs = await outputsOf(core, runId, env, step.dependsOn);
   // 2. Guard, and 3. execute.
   const limit = await attemptLimit(host, runId, step, attempt);
-  const unit = startUnit(
-    host,
-    state,
-    runId,
-    stepId,
-    undefined,
-    admitted.noted,
-    agentUnit(host, meta, step, state),
+  const unit = withRecords(
+    startUnit(
+      host,
+      state,
+      runId,
+      stepId,
+      undefined,
+      admitted.noted,
+      agentUnit(host, meta, step, state),
+    ),
+    a.records,
   );
   const result = await guardUnit(host, { runId, stepId, attempt }, jobSignal, limit, (signal) =>
     executeAttempt(host, { runId, admitted, depOutputs, unit, signal }),

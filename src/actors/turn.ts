@@ -78,6 +78,8 @@ import {
 import type { JobData, JobSpec } from './jobs.js';
 import { interruptMessage } from './runtime-queues.js';
 import { startUnit } from './unit-start.js';
+import { takeSlots, wakeJobIdOf, withRecords } from './concurrency.js';
+import type { RunEventRecord } from '../persistence/snapshot-store.js';
 import {
   admitUnit,
   afterCommit,
@@ -157,6 +159,38 @@ async function turnUnit(
   if (untaken !== null) return untaken;
   const out = await checkTurnOrder(host, admitted, data, chain);
   if (out !== null) return out;
+  // The run's and the step's concurrency slots, or the turn parked until it gets them.
+  const slots = await takeSlots(core, data, admitted, wakeJobIdOf(chain, held, data));
+  if ('parked' in slots) return slots;
+  try {
+    return await heldTurn(
+      host,
+      { data, chain, admitted, journaled, records: slots.records },
+      {
+        jobSignal,
+        held,
+      },
+    );
+  } finally {
+    await slots.release();
+  }
+}
+
+/** A turn admitted, with its slots: guarded, executed, and committed. */
+async function heldTurn(
+  host: UnitHost,
+  a: {
+    data: JobData;
+    chain: Chain;
+    admitted: Admitted;
+    journaled: Promise<ModelReply | null>;
+    records: RunEventRecord[];
+  },
+  job: { jobSignal: AbortSignal | undefined; held: Admitted | undefined },
+): Promise<UnitOutcome> {
+  const { core } = host;
+  const { data, chain, admitted, journaled } = a;
+  const { jobSignal, held } = job;
   const { env, state, meta } = admitted;
   const step = admitted.step as AgentStep;
   const { runId } = data;
@@ -166,14 +200,17 @@ async function turnUnit(
   // 2. Guard, and 3. execute.
   const limit = await attemptLimit(host, runId, step, attempt);
   const depOutputs = await outputsOf(core, runId, env, step.dependsOn);
-  const unit = startUnit(
-    host,
-    state,
-    runId,
-    stepId,
-    turn,
-    admitted.noted,
-    agentUnit(host, meta, step, state, turn),
+  const unit = withRecords(
+    startUnit(
+      host,
+      state,
+      runId,
+      stepId,
+      turn,
+      admitted.noted,
+      agentUnit(host, meta, step, state, turn),
+    ),
+    a.records,
   );
   const outcome = await guardUnit(host, { runId, stepId, attempt }, jobSignal, limit, (signal) =>
     executeTurn(

@@ -168,12 +168,13 @@ export const mayGoOn = (chain: Chain): boolean =>
 /**
  * What a unit came to: how it ended (a word for the job's return value: `succeeded`, `failed`,
  * `paused`, `already-done`, `budget`, …); the next unit to go on with in the same job, admitted,
- * and how this one `ended`; or "come back later" for a tool call whose lease another worker holds.
+ * and how this one `ended`; or "come back later" for a tool call whose lease another worker holds,
+ * or for a unit `parked` for a concurrency slot (it tells whether the slot came meanwhile).
  */
 export type UnitOutcome =
   | string
   | { next: JobSpec; admitted: Admitted; ended: string }
-  | { retryAfterMs: number; unit: JobSpec };
+  | { retryAfterMs: number; unit: JobSpec; parked?: () => Promise<boolean> };
 
 /** A failed attempt, as both a step's and a turn's execution report it. */
 type AttemptFailure = { kind: 'failed'; error: SerializedError };

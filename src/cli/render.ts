@@ -280,6 +280,9 @@ export function eventLine(e: StoredRunEvent, options: RenderOptions = {}): strin
     case 'turn.takenOver':
       detail = `${unitOf(d)}: run again by ${workerOf(d['worker'])}; ${workerOf(d['previousWorker'])} started it at ${clock(d['previousStartedAt'])} and never committed it (its worker stopped)`;
       break;
+    case 'concurrency.waited':
+      detail = `${unitOf(d)}: waited ${duration(Number(d['waitedMs']))} for a concurrency slot of key ${s('key')} (limit ${s('limit')}, ${s('scope')})`;
+      break;
     case 'run.finished':
       detail = `${s('status')}; produced ${Object.keys(d['produced'] ?? {}).join(', ') || 'nothing'}${
         d['blockedStep'] == null ? '' : `; blocked at ${s('blockedStep')}`
@@ -617,6 +620,10 @@ export function statusLines(
   }
   if (report.idle != null) lines.push(idleLine(report.idle, next));
   if (report.routing != null) lines.push(...routingLines(report.routing));
+  for (const w of report.concurrency ?? []) {
+    const who = w.stepId === null ? 'the run is' : `step ${w.stepId} is`;
+    lines.push(`  ${who} ${w.message}, since ${clock(w.since)}`);
+  }
   return lines.concat(lineageLines(report), summaryLines(report, undefined, options).slice(1));
 }
 

@@ -6,6 +6,8 @@ import { liveWorkers, queueBeats } from '../worker/heartbeat.js';
 import { summarize, type RunSummary } from '../actors/run-host.js';
 import { actionScopesOf } from '../execution/action-keys.js';
 import type { RuntimeCore } from '../actors/core.js';
+import { RUN_WAIT_FIELD, type SlotWaitNote } from '../actors/concurrency.js';
+import { slotWaitText } from '../plan/concurrency.js';
 import type { JsonValue } from '../internal/json.js';
 import { runSteps, runStatus, type RunSnapshot, type StepState } from '../machines/kernel.js';
 import type { PendingCall, RunStatus } from '../machines/types.js';
@@ -109,6 +111,42 @@ export interface RunReport {
   routing: RunRouting | null;
   /** The latest progress each step's operator reported (`ctx.progress`), by step id. */
   progress: Record<string, StepProgress>;
+  /**
+   * The units of a running run that wait for a concurrency slot (a plan's `concurrency`: the run
+   * waits, `stepId` null; a step's: that step), each with the words status shows, e.g.
+   * `waiting for a concurrency slot of key customer=acme (limit 1)`. Empty when none waits.
+   */
+  concurrency?: ConcurrencyWait[];
+}
+
+/** A unit waiting for a concurrency slot (see {@link RunReport.concurrency}). */
+export interface ConcurrencyWait {
+  /** The step whose limit it waits on, or null for the plan's (the run waits). */
+  stepId: string | null;
+  /** The key and its value, `customer=acme`. */
+  key: string;
+  limit: number;
+  /** When it began to wait (epoch ms). */
+  since: number;
+  /** `waiting for a concurrency slot of key customer=acme (limit 1)`. */
+  message: string;
+}
+
+/** The run's units waiting for a concurrency slot, from the run's notes. */
+async function concurrencyWaits(core: RuntimeCore, runId: string): Promise<ConcurrencyWait[]> {
+  const notes = await core.redis.hgetall(core.stores.keys.slotWaits(runId));
+  return Object.entries(notes)
+    .map(([field, raw]) => {
+      const note = JSON.parse(raw) as SlotWaitNote;
+      return {
+        stepId: field === RUN_WAIT_FIELD ? null : field,
+        key: note.label,
+        limit: note.limit,
+        since: note.since,
+        message: slotWaitText(note),
+      };
+    })
+    .sort((a, b) => a.since - b.since);
 }
 
 /** See {@link RunReport.routing}. */
@@ -292,6 +330,7 @@ export async function readReport(core: RuntimeCore, runId: string): Promise<RunR
     queue,
     routing: status === 'running' ? await routingOf(core, runId, queue, idle) : null,
     progress: progressOf(progress),
+    concurrency: status === 'running' ? await concurrencyWaits(core, runId) : [],
   };
 }
 

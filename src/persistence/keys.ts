@@ -77,6 +77,11 @@ export const RunKeyKind = {
    * know the step's operator or agent). Read by status.
    */
   Unrouted: 'unrouted',
+  /**
+   * HASH with a TTL (a minute, renewed while a unit waits): field `run` or `<stepId>` → JSON
+   * `{ label, limit, since }`, a unit of the run waiting for a concurrency slot. Read by status.
+   */
+  SlotWaits: 'slot-waits',
 } as const;
 /** A value of {@link RunKeyKind}. */
 export type RunKeyKind = (typeof RunKeyKind)[keyof typeof RunKeyKind];
@@ -186,6 +191,15 @@ export interface Keys {
   inbox(runId: string): string;
   /** Why a worker put one of the run's units back untried (STRING, see `RunKeyKind.Unrouted`). */
   unrouted(runId: string): string;
+  /** The run's units waiting for a concurrency slot (HASH, see `RunKeyKind.SlotWaits`). */
+  slotWaits(runId: string): string;
+  /**
+   * The keys of one concurrency key value's slots, sharing the hash tag
+   * `{<prefix>:conc:<scope>:<value>}` (scope and value URI-encoded): `holders` (ZSET, holder →
+   * lease expiry), `waiters` (ZSET, holder → arrival time in µs), `wake` (HASH, waiter → the job
+   * that wakes it).
+   */
+  slots(scope: string, value: string): { holders: string; waiters: string; wake: string };
   /**
    * ZSET of the live workers, scored by when their heartbeat lapses (epoch ms):
    * `{<prefix>:workers}:live`. The workers' keys share the hash tag `{<prefix>:workers}`.
@@ -430,6 +444,11 @@ export function createKeys(prefix: string = DEFAULT_KEY_PREFIX): Keys {
     progress: (runId) => runKey(runId, RunKeyKind.Progress),
     inbox: (runId) => runKey(runId, RunKeyKind.Inbox),
     unrouted: (runId) => runKey(runId, RunKeyKind.Unrouted),
+    slotWaits: (runId) => runKey(runId, RunKeyKind.SlotWaits),
+    slots: (scope, value) => {
+      const tag = `{${prefix}:conc:${encodeURIComponent(scope)}:${encodeURIComponent(value)}}`;
+      return { holders: `${tag}:holders`, waiters: `${tag}:waiters`, wake: `${tag}:wake` };
+    },
     workersLive: () => `{${prefix}:workers}:live`,
     workerBeat: (workerId) => `{${prefix}:workers}:w:${scheduleKeyId(workerId)}`,
     workerQueues: () => `{${prefix}:workers}:queues`,

@@ -157,6 +157,27 @@ export const stepBudgetsSchema = z
   })
   .strict();
 
+/** What a concurrency key names: the run's tenant, or a path into the run's input. */
+export const CONCURRENCY_KEY_PATTERN = /^(tenant|input(\.[^.\s]+)+)$/;
+
+/**
+ * A limit of concurrency per key value. On a plan, at most `limit` of its runs with one value
+ * of `key` are live at once (a run holds its slot from its first unit until it ends); on a step,
+ * at most `limit` attempts of that step run at once across runs with one value of `key`. Runs or
+ * attempts over the limit wait in arrival order, without holding a worker. `key` is `tenant`
+ * (the run's tenant) or `input.<path>` (a dotted path into the run's input, e.g.
+ * `input.customer.id`; a value that is not there is the value `null`).
+ */
+export const concurrencySchema = z
+  .object({
+    key: z.string().regex(CONCURRENCY_KEY_PATTERN, {
+      error: (issue) =>
+        `concurrency key ${JSON.stringify(issue.input)} is not allowed: use "tenant" or "input.<path>" (a dotted path into the run's input, e.g. "input.customer")`,
+    }),
+    limit: z.number().int().positive({ error: 'must be a positive whole number' }),
+  })
+  .strict();
+
 /** Which parts of a step's input derive its idempotency key. */
 export const idempotencySchema = z
   .object({
@@ -239,6 +260,8 @@ const commonStepShape = {
   retry: retryPolicyInputSchema.optional(),
   budgets: stepBudgetsSchema.optional(),
   timeoutMs: positiveInt().optional(),
+  /** At most `limit` attempts of this step run at once across runs, per value of `key`. */
+  concurrency: concurrencySchema.optional(),
   /** Run the step only when this condition on an ancestor's output holds; else it is skipped. */
   when: whenSchema.optional(),
 };
@@ -385,6 +408,8 @@ export const planObjectSchema = z
     name: z.string().min(1).max(200),
     description: z.string().optional(),
     budgets: runBudgetsSchema.optional(),
+    /** At most `limit` live runs of this plan per value of `key`. */
+    concurrency: concurrencySchema.optional(),
     defaults: planDefaultsSchema.optional(),
     steps: z.array(stepSchema).min(1).max(MAX_PLAN_STEPS),
   })
@@ -635,6 +660,16 @@ export function checkPlanSemantics(plan: unknown): PlanSemanticIssue[] {
     issues.push({
       path: ['steps', i, 'idempotency', 'keyInputs'],
       message: `only operator steps take key inputs (they key the tool calls of ctx.tools across runs); remove idempotency.keyInputs from this ${String(step.kind)} step`,
+    });
+  });
+
+  // A concurrency limit counts running attempts: a wait or a person's gate runs none.
+  steps.forEach((step: unknown, i) => {
+    if (!isRecord(step) || step.concurrency === undefined) return;
+    if (step.kind !== 'wait' && step.kind !== 'human_gate') return;
+    issues.push({
+      path: ['steps', i, 'concurrency'],
+      message: `a ${String(step.kind)} step runs no code, so it has no attempts to limit: remove concurrency (a plan's concurrency limits whole runs)`,
     });
   });
 

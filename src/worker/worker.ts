@@ -276,18 +276,34 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       }
       ended('busy');
       // Another worker still holds a lease on one of the step's tool calls (it may be alive, or
-      // its lease has not lapsed yet): come back later, without spending an attempt.
+      // its lease has not lapsed yet), or the unit waits for a concurrency slot: come back later,
+      // without spending an attempt (a parked unit is woken sooner when a slot is handed to it).
       const at = core.clock() + outcome.retryAfterMs;
       if (held === undefined) {
         await job.moveToDelayed(at, token);
+        await wakeIfHanded(outcome, data.runId, jobId);
         throw new DelayedError();
       }
       // A unit this job carried: it gets its own job, due then.
       await core.queues.add([
         { ...outcome.unit, opts: { ...outcome.unit.opts, delay: outcome.retryAfterMs } },
       ]);
-      return 'busy';
+      await wakeIfHanded(outcome, data.runId, outcome.unit.opts.jobId);
+      return outcome.parked === undefined ? 'busy' : 'parked';
     }
+  }
+
+  /**
+   * A unit parked for a concurrency slot that was handed the slot before its job was delayed (the
+   * wake-up found no delayed job to run): its job runs now.
+   */
+  async function wakeIfHanded(
+    outcome: { parked?: () => Promise<boolean> },
+    runId: string,
+    jobId: string,
+  ): Promise<void> {
+    if (outcome.parked === undefined || !(await outcome.parked().catch(() => false))) return;
+    await core.queues.wakeJob(runId, jobId).catch(() => {}); // else it comes back on its delay
   }
 
   /**

@@ -95,6 +95,7 @@ export async function deleteRuntimeKeys(prefix: string): Promise<void> {
     await deletePrefix(redis, `{${prefix}:schedules}`);
     await deletePrefix(redis, `{${prefix}:workers}`);
     await deletePrefix(redis, `{${prefix}:rate:`);
+    await deletePrefix(redis, `{${prefix}:conc:`);
   } finally {
     redis.disconnect();
   }

@@ -569,7 +569,7 @@ describe('parsePlan: malformed plans', () => {
       'steps[0]: unrecognized key "mode": only agent steps have it',
       'steps[1].kind: unknown kind "tool": expected one of "operator", "agent", "policy_check", "human_gate", "wait"',
       'steps[4].budgets.maxTokens: expected an integer, received 1.5',
-      ': unrecognized key "extra" (allowed: schemaVersion, name, description, budgets, defaults, steps)',
+      ': unrecognized key "extra" (allowed: schemaVersion, name, description, budgets, concurrency, defaults, steps)',
       'steps[2].id: duplicate step id "a" (first used by steps[0])',
       'steps[2].dependsOn[0]: unknown step "nope"',
       'steps[3].dependsOn: dependency cycle c → d → c (each step depends on the next; remove one of these dependencies)',
