@@ -29,6 +29,7 @@ import type { JobData } from './jobs.js';
 import { executeCached } from '../execution/step-cache.js';
 import { startUnit } from './unit-start.js';
 import { runWaitUnit } from './wait.js';
+import { runMapUnit } from './map.js';
 import { skipIfUntaken } from './condition.js';
 import {
   admitUnit,
@@ -73,6 +74,8 @@ export async function runStepUnit(
   if (untaken !== null) return untaken;
   // A wait step runs no code: its unit is a wait's (wait.ts).
   if (admitted.step.kind === 'wait') return runWaitUnit(host, data, admitted);
+  // A map step's own unit starts its items (map.ts), each a unit of its own (map-item.ts).
+  if (admitted.step.kind === 'map') return runMapUnit(host, data, admitted, chain);
   const { env, state, meta, step } = admitted;
   const { runId } = data;
   const stepId = data.stepId!;

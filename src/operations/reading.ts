@@ -109,6 +109,37 @@ export interface RunReport {
   routing: RunRouting | null;
   /** The latest progress each step's operator reported (`ctx.progress`), by step id. */
   progress: Record<string, StepProgress>;
+  /** How far each map step that started has come, by step id (its latest attempt). */
+  maps: Record<string, MapProgressReport>;
+}
+
+/** How far a map step has come: its items, those committed, failed and in flight. */
+export interface MapProgressReport {
+  /** The items of its latest attempt. */
+  total: number;
+  /** Items committed (with `itemFailures: 'collect'`, failed ones included). */
+  done: number;
+  /** Items that failed finally. */
+  failed: number;
+  /** Items dispatched and not committed. */
+  running: number;
+}
+
+/** The progress of the plan's map steps that started (one small read each). */
+async function mapsOf(
+  core: RuntimeCore,
+  runId: string,
+  plan: { steps: readonly { id: string; kind: string }[] },
+): Promise<Record<string, MapProgressReport>> {
+  const out: Record<string, MapProgressReport> = {};
+  for (const step of plan.steps) {
+    if (step.kind !== 'map') continue;
+    const counts = await core.stores.maps.counts(runId, step.id);
+    if (counts === null) continue;
+    const { total, done, failed, running } = counts;
+    out[step.id] = { total, done, failed, running };
+  }
+  return out;
 }
 
 /** See {@link RunReport.routing}. */
@@ -292,6 +323,7 @@ export async function readReport(core: RuntimeCore, runId: string): Promise<RunR
     queue,
     routing: status === 'running' ? await routingOf(core, runId, queue, idle) : null,
     progress: progressOf(progress),
+    maps: await mapsOf(core, runId, meta.plan),
   };
 }
 
