@@ -44,7 +44,7 @@ const mapPlan = (over: JsonValue, map: Record<string, unknown> = {}): PlanInput 
       },
       { id: 'after', kind: 'operator', operator: 'after', dependsOn: ['each'] },
     ],
-  }) as PlanInput;
+  });
 
 async function runToEnd(plan: PlanInput, concurrency = 8) {
   worker = runtime.createWorker({ concurrency });
