@@ -6,7 +6,7 @@
  *    item be neither committed nor another of its attempts current (`MapStore.begin`, which also
  *    reads its element).
  * 2. Guard and execute: the item's operator or agent (`mapItemStep`: the element as its input, its
- *    own id `<map>[<index>]`, hence its own ledger scope and idempotency key), bounded by the
+ *    own id `<map>.<index>`, hence its own ledger scope and idempotency key), bounded by the
  *    step's `timeoutMs` and aborted by a run cancel.
  * 3. Commit: one script on the map's keys (`MapStore.commit`), the same work whatever the map's
  *    size: the output (or, for a retryable failure with attempts left, the next attempt's

@@ -10,9 +10,12 @@ import {
   type PlanStep,
 } from './schema.js';
 
-/** The id an item of a map step runs under (ledger scope, idempotency key, journal): `<map>[<index>]`. */
+/**
+ * The id an item of a map step runs under (ledger scope, idempotency key, journal):
+ * `<map>.<index>`, a step id no other step of the plan may have (see `checkPlanSemantics`).
+ */
 export function itemStepId(mapStepId: string, index: number): string {
-  return `${mapStepId}[${index}]`;
+  return `${mapStepId}.${index}`;
 }
 
 /**

@@ -896,6 +896,14 @@ function checkMapSources(
       return;
     }
     if (id === undefined || firstIndex.get(id) !== i) return;
+    // `<map>.<index>` names the map's items (their ledger scope and idempotency key).
+    for (const [other, j] of firstIndex) {
+      if (!other.startsWith(`${id}.`) || !/^\d+$/.test(other.slice(id.length + 1))) continue;
+      issues.push({
+        path: ['steps', j, 'id'],
+        message: `step id ${JSON.stringify(other)} is the id of an item of map step ${JSON.stringify(id)} (its items run as "${id}.<index>"): rename the step`,
+      });
+    }
     if (ancestorsOf(id, edges).has(named.step)) return;
     issues.push({
       path,

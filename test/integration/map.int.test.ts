@@ -10,14 +10,18 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { z } from 'zod';
 import {
   createRuntime,
+  defineAgent,
+  defineTool,
   PlanValidationError,
   type FlujoWorker,
   type JsonValue,
   type PlanInput,
   type Runtime,
 } from '../../src/index.js';
+import { startScriptedModelServer, type ScriptedModelServer } from '../../src/testing/index.js';
 import { runFlujo } from '../helpers/cli.js';
 import { expectIntact } from '../helpers/integrity.js';
 import { connect, deleteRuntimeKeys, redisUrl, scanKeys } from '../helpers/redis.js';
@@ -28,23 +32,22 @@ let prefix: string;
 
 const quiet = { debug: () => {}, info: () => {}, warn: () => {}, error: () => {} };
 
-const mapPlan = (over: JsonValue, map: Record<string, unknown> = {}): PlanInput =>
-  ({
-    name: 'map',
-    defaults: { retry: { initialDelayMs: 10, maxDelayMs: 50 } },
-    steps: [
-      { id: 'list', kind: 'operator', operator: 'list', input: over },
-      {
-        id: 'each',
-        kind: 'map',
-        over: 'list.items',
-        item: { kind: 'operator', operator: 'double' },
-        dependsOn: ['list'],
-        ...map,
-      },
-      { id: 'after', kind: 'operator', operator: 'after', dependsOn: ['each'] },
-    ],
-  });
+const mapPlan = (over: JsonValue, map: Record<string, unknown> = {}): PlanInput => ({
+  name: 'map',
+  defaults: { retry: { initialDelayMs: 10, maxDelayMs: 50 } },
+  steps: [
+    { id: 'list', kind: 'operator', operator: 'list', input: over },
+    {
+      id: 'each',
+      kind: 'map',
+      over: 'list.items',
+      item: { kind: 'operator', operator: 'double' },
+      dependsOn: ['list'],
+      ...map,
+    },
+    { id: 'after', kind: 'operator', operator: 'after', dependsOn: ['each'] },
+  ],
+});
 
 async function runToEnd(plan: PlanInput, concurrency = 8) {
   worker = runtime.createWorker({ concurrency });
@@ -103,7 +106,7 @@ describe('map steps', () => {
     // Each item its own id and idempotency key (with its index).
     expect(new Set([...keys].map((k) => k.split(' ')[0])).size).toBe(40);
     expect(new Set([...keys].map((k) => k.split(' ')[1])).size).toBe(40);
-    expect([...keys].some((k) => k.startsWith('each[0] '))).toBe(true);
+    expect([...keys].some((k) => k.startsWith('each.0 '))).toBe(true);
     const after = report.steps.find((s) => s.stepId === 'after')!;
     expect(after.output).toEqual({ saw: list.map((n) => n * 2) });
     await expectIntact(runtime, runId);
@@ -232,4 +235,76 @@ describe('map steps', () => {
       rmSync(dir, { recursive: true, force: true });
     }
   }, 60_000);
+});
+
+describe('map steps of agents', () => {
+  let model: ScriptedModelServer;
+  beforeEach(async () => {
+    model = await startScriptedModelServer();
+  });
+  afterEach(async () => {
+    await model.close();
+  });
+
+  it('an agent per element, each with its own tool call key; the answers in order', async () => {
+    const saved: { text: string; key: string }[] = [];
+    const save = defineTool({
+      name: 'save_note',
+      input: z.object({ text: z.string() }),
+      requiresIdempotencyKey: true,
+      run: ({ text }, ctx) => {
+        saved.push({ text, key: ctx.idempotencyKey });
+        return { saved: text };
+      },
+    });
+    runtime.agent(
+      defineAgent({
+        name: 'summarizer',
+        model: 'gpt-test',
+        provider: { baseURL: model.url, apiKey: 'test-key' },
+        systemPrompt: 'Save a note about the document, then summarize it.',
+        tools: [save],
+        timeoutMs: 2000,
+      }),
+    );
+    // Each conversation: a save_note call about its document, then the summary.
+    model.setDefaultReply((request) => {
+      const messages = request.messages as { role: string; content: string | null }[];
+      const doc = String(messages.find((m) => m.role === 'user')?.content ?? '');
+      const last = messages[messages.length - 1]!;
+      return last.role === 'tool'
+        ? { text: `summary of ${doc}` }
+        : { toolCalls: [{ name: 'save_note', arguments: { text: doc } }] };
+    });
+    const plan: PlanInput = {
+      name: 'agent-map',
+      steps: [
+        { id: 'list', kind: 'operator', operator: 'list', input: ['alpha', 'beta', 'gamma'] },
+        {
+          id: 'each',
+          kind: 'map',
+          over: 'list.items',
+          item: { kind: 'agent', agent: 'summarizer' },
+          maxConcurrency: 2,
+          dependsOn: ['list'],
+        },
+      ],
+    };
+    const { runId, report } = await runToEnd(plan);
+    expect(report.steps.map((s) => [s.stepId, s.status, s.error?.message ?? null])).toEqual([
+      ['list', 'SUCCEEDED', null],
+      ['each', 'SUCCEEDED', null],
+    ]);
+    const output = report.steps.find((s) => s.stepId === 'each')!.output as { answer: string }[];
+    expect(output.map((o) => o.answer)).toEqual([
+      'summary of alpha',
+      'summary of beta',
+      'summary of gamma',
+    ]);
+    expect(saved.map((s) => s.text).sort()).toEqual(['alpha', 'beta', 'gamma']);
+    expect(new Set(saved.map((s) => s.key)).size).toBe(3);
+    expect(model.requestCount).toBe(6);
+    // One ledger entry per item: each in its own scope.
+    expect(await runtime.ledger(runId)).toHaveLength(3);
+  });
 });
