@@ -26,10 +26,10 @@ let effects: string;
 let runtime: Runtime;
 const workers: RunningChild[] = [];
 
-function startWorker(): RunningChild {
+function startWorker(killAt = ''): RunningChild {
   const w = startFlujo(['worker', MODULE, '--concurrency', '4'], {
     prefix,
-    env: { MAP_EFFECT_FILE: effects },
+    env: { MAP_EFFECT_FILE: effects, FLUJO_KILL_AT: killAt },
   });
   workers.push(w);
   return w;
@@ -130,4 +130,35 @@ describe('a map of 1,000 items across workers killed every second', () => {
     expect(most).toBeLessThanOrEqual(8);
     expect(most).toBeGreaterThan(1);
   }, 240_000);
+});
+
+describe('a map across a worker killed at each point between an effect and its commit', () => {
+  const points = [
+    'after-map-start:each',
+    'before-item-commit:each@5',
+    'after-item-commit:each@5',
+    'before-commit:each',
+    'after-commit:each',
+  ];
+  for (const point of points) {
+    it(`killed at ${point}: every item committed once, none invoked after its commit`, async () => {
+      const victim = startWorker(point);
+      const run = await runtime.start(plan as PlanInput, { n: 30 });
+      const exit = await victim.done;
+      expect(exit.signal).toBe('SIGKILL');
+      appendFileSync(effects, `kill ${victim.child.pid}\n`);
+      startWorker();
+      const report = await run.settled({ timeoutMs: 30_000 });
+      expect(report.status).toBe('succeeded');
+      const each = report.steps.find((s) => s.stepId === 'each')!;
+      expect(each.output).toEqual(Array.from({ length: 30 }, (_, i) => i * 3));
+      expect(report.maps['each']).toEqual({ total: 30, done: 30, failed: 0, running: 0 });
+      const { all } = invocations();
+      expect(all.filter((i) => i.late)).toEqual([]);
+      expect(new Set(all.map((i) => i.index)).size).toBe(30);
+      // Only the items the killed worker was running ran twice.
+      const twice = all.length - 30;
+      expect(twice).toBeLessThanOrEqual(4);
+    }, 60_000);
+  }
 });
