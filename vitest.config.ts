@@ -17,6 +17,8 @@ const CLUSTER_SUITES = [
   'agent-granular',
   'replay',
   'driver-crash',
+  'map',
+  'map-crash',
   'conditions',
   'conditions-crash',
   'agent-crash',

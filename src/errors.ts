@@ -64,6 +64,10 @@ export const ErrorCode = {
   SignalIdConflict: 'signal_id_conflict',
   /** A wait step's signal did not arrive within its `timeoutMs`. Final. */
   WaitTimeout: 'wait_timeout',
+  /** An item of a map step failed finally (its retries spent), and the map does not collect failures. Final. */
+  ItemFailed: 'item_failed',
+  /** A map step's `over` does not hold an array (or holds more than 10,000 elements). Final. */
+  MapOverInvalid: 'map_over_invalid',
 } as const;
 /** A value of {@link ErrorCode}. */
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
@@ -965,6 +969,56 @@ export class WaitTimeoutError extends FlujoError {
   }
   override get details(): unknown {
     return { stepId: this.stepId, signal: this.signal, timeoutMs: this.timeoutMs };
+  }
+}
+
+/**
+ * Item `index` of map step `stepId` failed finally (after its retries), so the map failed: the
+ * item's own error is `itemError` (its message is quoted). Final: a resume of the run runs the map
+ * again.
+ */
+export class ItemFailedError extends FlujoError {
+  override name = 'ItemFailedError';
+  readonly code = ErrorCode.ItemFailed;
+  constructor(
+    readonly stepId: string,
+    readonly index: number,
+    readonly attempts: number,
+    readonly itemError: SerializedError,
+    options?: FlujoErrorOptions,
+  ) {
+    super(
+      `Item ${index} of map step "${stepId}" failed after ${attempts} attempt(s) with ${itemError.code}: ${itemError.message} (set itemFailures: "collect" on the step to go on with an error record in the item's place)`,
+      false,
+      options,
+    );
+  }
+  override get details(): unknown {
+    return {
+      stepId: this.stepId,
+      index: this.index,
+      attempts: this.attempts,
+      itemError: { code: this.itemError.code, message: this.itemError.message },
+    };
+  }
+}
+
+/**
+ * A map step's `over` does not hold an array, or holds more elements than a map takes: the
+ * message names the step, what `over` names and the type found. Final.
+ */
+export class MapOverError extends FlujoError {
+  override name = 'MapOverError';
+  readonly code = ErrorCode.MapOverInvalid;
+  constructor(
+    readonly stepId: string,
+    message: string,
+    options?: FlujoErrorOptions,
+  ) {
+    super(message, false, options);
+  }
+  override get details(): unknown {
+    return { stepId: this.stepId };
   }
 }
 

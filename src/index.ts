@@ -46,6 +46,8 @@ export {
   RunEndedError,
   SignalIdConflictError,
   WaitTimeoutError,
+  ItemFailedError,
+  MapOverError,
   ServiceError,
   SnapshotConflictError,
   SnapshotCorruptError,

@@ -15,17 +15,10 @@ import {
   outputsOf,
   type Admitted,
   type Chain,
-  type Unit,
+  NO_RUN,
   type UnitHost,
   type UnitOutcome,
 } from './unit.js';
-
-/** A unit that runs nothing and records nothing besides its events. */
-const NO_RUN: Unit = {
-  started: [],
-  recorder: { toolCalled: () => {}, modelCalled: () => {}, modelRateLimited: () => {} },
-  records: () => Promise.resolve([]),
-};
 
 /**
  * Whether the condition of an admitted step must be tested: the step has one, and this is its

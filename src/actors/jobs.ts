@@ -26,6 +26,12 @@ export const JobName = {
    * run to end (`buffer_one`); its data is a `ScheduleJobData`, not a {@link JobData}.
    */
   schedule: 'schedule',
+  /**
+   * Run item `index` (its attempt `itemAttempt`) of attempt `attempt` of map step `stepId`; with no
+   * `index`, finish the map: its items are all committed (or one failed), so its output is
+   * assembled and committed. See `map-item.ts`.
+   */
+  item: 'item',
 } as const;
 /** A value of {@link JobName}. */
 export type JobName = (typeof JobName)[keyof typeof JobName];
@@ -41,6 +47,10 @@ export interface JobData {
    * `pauses`). Absent for the attempt's first execution.
    */
   pause?: number;
+  /** For an item job: the item's index in its map's list. */
+  index?: number;
+  /** For an item job: the item's attempt (1 for the first). */
+  itemAttempt?: number;
 }
 
 /** A job to add, with its deterministic id. */
@@ -75,6 +85,50 @@ export function turnJobId(
   pause?: number,
 ): string {
   return `t|${enc(runId)}|${stepId}|${attempt}|${turn}${pauseSuffix(pause)}`;
+}
+
+/** The id of the job that runs attempt `itemAttempt` of item `index` of map step `stepId`. */
+export function itemJobId(
+  runId: string,
+  stepId: string,
+  attempt: number,
+  index: number,
+  itemAttempt: number,
+): string {
+  return `i|${enc(runId)}|${stepId}|${attempt}|${index}|${itemAttempt}`;
+}
+
+/** The id of the job that finishes attempt `attempt` of map step `stepId`. */
+export function mapEndJobId(runId: string, stepId: string, attempt: number): string {
+  return `i|${enc(runId)}|${stepId}|${attempt}|end`;
+}
+
+/** The job of attempt `itemAttempt` of item `index` of map step `stepId`, due after `delay` ms. */
+export function itemJob(
+  runId: string,
+  stepId: string,
+  attempt: number,
+  index: number,
+  itemAttempt: number,
+  delay = 0,
+): JobSpec {
+  return {
+    name: JobName.item,
+    data: { runId, stepId, attempt, index, itemAttempt },
+    opts: {
+      jobId: itemJobId(runId, stepId, attempt, index, itemAttempt),
+      ...(delay > 0 ? { delay } : {}),
+    },
+  };
+}
+
+/** The job that finishes attempt `attempt` of map step `stepId`. */
+export function mapEndJob(runId: string, stepId: string, attempt: number): JobSpec {
+  return {
+    name: JobName.item,
+    data: { runId, stepId, attempt },
+    opts: { jobId: mapEndJobId(runId, stepId, attempt) },
+  };
 }
 
 /** The id of the delayed job that makes attempt `attempt` of `stepId` due. */
@@ -197,6 +251,16 @@ export function isDue(status: string): boolean {
 }
 
 /**
+ * {@link isDue} of a step's state: a map step whose attempt started (RUNNING with its items) has
+ * no unit of its own due: its items are units (see `map-item.ts`).
+ */
+export function isUnitDue(state: { status?: string; map?: unknown }, status?: string): boolean {
+  const value = status ?? state.status ?? '';
+  if (value === 'RUNNING' && state.map !== undefined && state.map !== null) return false;
+  return isDue(value);
+}
+
+/**
  * Every unit of work the run's snapshot says is due: each READY or RUNNING step attempt (for a granular
  * agent step, its next turn), each scheduled retry, each WAITING step's timer. (A signal that a
  * WAITING step may take is in the inbox, not the snapshot: `enqueueDue` looks for it.) Derived from the snapshot rather than from
@@ -208,7 +272,7 @@ export function dueJobs(runId: string, snapshot: RunSnapshot, now: number): JobS
   if (snapshot.status !== 'active') return [];
   const jobs: JobSpec[] = [];
   for (const step of runSteps(snapshot)) {
-    if (isDue(step.status)) {
+    if (isUnitDue(step)) {
       jobs.push(unitJob(runId, step.stepId, step));
     } else if (step.status === 'WAITING' && (step.wait?.dueAt ?? null) !== null) {
       jobs.push(timerJob(runId, step.stepId, step.attempt, step.wait!.dueAt!, now));
@@ -287,7 +351,7 @@ export function soleUnit(runId: string, snapshot: RunSnapshot): JobSpec | null {
   let sole: [string, RunSnapshot['children'][string]['snapshot']] | null = null;
   for (const stepId in snapshot.children) {
     const child = snapshot.children[stepId]!.snapshot;
-    if (!isDue(child.value)) continue;
+    if (!isUnitDue(child.context, child.value)) continue;
     if (sole !== null) return null;
     sole = [stepId, child];
   }

@@ -111,6 +111,7 @@ export class RuntimeMeta {
     await this.#stores.retention.expireFinished(runId, {
       tenantId: meta.tenantId,
       stepIds: meta.plan.steps.map((s) => s.id),
+      mapStepIds: meta.plan.steps.filter((s) => s.kind === 'map').map((s) => s.id),
       requestKey: meta.requestKey === '' ? null : meta.requestKey,
     });
     await this.#stores.activeRuns.ended(runId);
@@ -122,6 +123,7 @@ export class RuntimeMeta {
     await this.#stores.retention.keep(runId, {
       tenantId: meta.tenantId,
       stepIds: meta.plan.steps.map((s) => s.id),
+      mapStepIds: meta.plan.steps.filter((s) => s.kind === 'map').map((s) => s.id),
       requestKey: meta.requestKey === '' ? null : meta.requestKey,
     });
   }

@@ -6,6 +6,7 @@ import type { StreamedText } from '../execution/ports.js';
 import type { JsonValue } from '../internal/json.js';
 import { runSteps, type RunSnapshot, type StepChange } from '../machines/kernel.js';
 import { createInboxStore, type InboxStore } from '../persistence/inbox.js';
+import { createMapStore, type MapStore } from '../persistence/map-store.js';
 import type { PlannedAction } from '../machines/types.js';
 import { END } from '../execution/conversation.js';
 import type { Plan } from '../plan/schema.js';
@@ -30,6 +31,8 @@ import {
   unitJobsGlob,
   signalWakeJob,
   timerJobId,
+  itemJob,
+  mapEndJob,
   type JobData,
   type JobSpec,
 } from './jobs.js';
@@ -103,6 +106,7 @@ export class RuntimeQueues {
   readonly #meta: RuntimeMeta;
   readonly #inbox: InboxStore;
   readonly #slots: ConcurrencySlots;
+  readonly #maps: MapStore;
 
   /** Opens nothing: the queue, the subscriber and the watcher are made on first use. */
   constructor(options: RuntimeQueuesOptions) {
@@ -116,6 +120,7 @@ export class RuntimeQueues {
     this.channels = createRunChannels(options.redis, options.keys);
     this.#inbox = createInboxStore(options.redis, options.keys);
     this.#slots = createConcurrencySlots(options.redis, options.keys);
+    this.#maps = createMapStore(options.redis, options.keys);
   }
 
   /**
@@ -175,7 +180,39 @@ export class RuntimeQueues {
     const { snapshot } = envelope;
     const jobs = await this.#dueUncarried(runId, envelope, self);
     if (jobs.length > 0) await this.add(jobs);
+    await this.#mapsDue(runId, snapshot);
     if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#ended(runId);
+  }
+
+  /**
+   * The jobs of the run's RUNNING map steps, added again: each item in flight (a dispatch lost by
+   * a worker that died between an item's commit and the next item's enqueue), and the finish of a
+   * map whose items are over. An item in flight whose job finished without committing it (it
+   * gave up) has that job replaced. Ids are deterministic: a job that exists is not added twice.
+   * Nothing to read for a run without a running map.
+   */
+  async #mapsDue(runId: string, snapshot: RunSnapshot): Promise<void> {
+    if (snapshot.status !== 'active') return;
+    const jobs: JobSpec[] = [];
+    for (const s of runSteps(snapshot)) {
+      if (s.status !== 'RUNNING' || s.map === undefined || s.map === null) continue;
+      const pending = await this.#maps.pending(runId, s.stepId, s.attempt);
+      if (pending === null) continue;
+      if (pending.end !== null) jobs.push(mapEndJob(runId, s.stepId, s.attempt));
+      for (const i of pending.end === null ? pending.inflight : []) {
+        jobs.push(itemJob(runId, s.stepId, s.attempt, i.index, i.attempt));
+      }
+    }
+    if (jobs.length === 0) return;
+    const finished = await this.finishedJobs(
+      runId,
+      jobs.map((j) => j.opts.jobId),
+    );
+    if (finished.length > 0) {
+      const queue = await this.runQueue(runId);
+      for (const id of finished) await queue.remove(id).catch(() => 0);
+    }
+    await this.add(jobs);
   }
 
   /** The jobs the run's snapshot says are due, but a unit an active carrier runs (see above). */
@@ -239,6 +276,7 @@ export class RuntimeQueues {
       ),
       jobs.length > 0 ? this.add(jobs) : undefined,
     ]);
+    await this.#mapsDue(runId, snapshot);
     if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#ended(runId);
     if (finished.length === 0 || (await version(runId)) !== envelope.version) return [];
     await this.redriveDue(runId, envelope);

@@ -25,6 +25,7 @@ import { createSnapshotStore, type SnapshotStore } from '../persistence/snapshot
 import { createRunIndex, type RunIndex } from '../persistence/run-index.js';
 import { createActiveRuns, type ActiveRuns } from '../persistence/active-runs.js';
 import { createRunCounters, type RunCounters } from '../persistence/run-counters.js';
+import { createMapStore, type MapStore } from '../persistence/map-store.js';
 import { createRequestKeys, type RequestKeys } from '../persistence/request-keys.js';
 import { createUnitNotes, type UnitNotes } from '../persistence/unit-notes.js';
 import { createInboxStore, type InboxStore } from '../persistence/inbox.js';
@@ -79,6 +80,8 @@ export class RuntimeStores {
   readonly inbox: InboxStore;
   /** Concurrency slots per key value (a plan's or a step's `concurrency`). */
   readonly slots: ConcurrencySlots;
+  /** The items of map steps, beside their runs. */
+  readonly maps: MapStore;
   /** The model replies of agent turns, journaled before they are used. */
   readonly journal: ModelJournal;
   /** The message histories of granular agent steps. */
@@ -128,6 +131,7 @@ export class RuntimeStores {
     this.unitNotes = createUnitNotes(redis, keys);
     this.inbox = createInboxStore(redis, keys);
     this.slots = createConcurrencySlots(redis, keys);
+    this.maps = createMapStore(redis, keys);
     const stores = { redis, prefix: keys.prefix };
     this.journal = createModelJournal(stores);
     this.history = createHistoryStore(stores);

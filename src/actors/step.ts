@@ -31,6 +31,7 @@ import { startUnit } from './unit-start.js';
 import { takeSlots, wakeJobIdOf, withRecords } from './concurrency.js';
 import type { RunEventRecord } from '../persistence/snapshot-store.js';
 import { runWaitUnit } from './wait.js';
+import { runMapUnit } from './map.js';
 import { skipIfUntaken } from './condition.js';
 import {
   admitUnit,
@@ -79,6 +80,8 @@ export async function runStepUnit(
   try {
     // A wait step runs no code: its unit is a wait's (wait.ts).
     if (admitted.step.kind === 'wait') return await runWaitUnit(host, data, admitted);
+    // A map step's own unit starts its items (map.ts), each a unit of its own (map-item.ts).
+    if (admitted.step.kind === 'map') return await runMapUnit(host, data, admitted, chain);
     return await heldAttempt(host, { data, chain, admitted, records: slots.records }, jobSignal);
   } finally {
     await slots.release();

@@ -43,7 +43,7 @@ import type { RuntimeCore, StepFailureInfo } from './core.js';
 import type { RunMeta } from './runtime-meta.js';
 import { abortMessage } from './runtime-queues.js';
 import { HistoryCache } from '../execution/history-cache.js';
-import { carrierNote, isDue, soleUnit, unitJobOf, type JobData, type JobSpec } from './jobs.js';
+import { carrierNote, isUnitDue, soleUnit, unitJobOf, type JobData, type JobSpec } from './jobs.js';
 import type { CallToApprove } from '../execution/call-approval.js';
 import {
   fallbackStep,
@@ -133,7 +133,15 @@ export function createUnitHost(core: RuntimeCore, options: UnitHostOptions): Uni
 export function abortUnit(host: UnitHost, message: string): boolean {
   const controller = host.aborts.get(message);
   controller?.abort(new Error('the run was cancelled'));
-  return controller !== undefined;
+  // The items of a map step's attempt run under keys of their own, after the attempt's message.
+  let items = false;
+  const prefix = `${message}\nitem\n`;
+  for (const [key, c] of host.aborts) {
+    if (!key.startsWith(prefix)) continue;
+    c.abort(new Error('the run was cancelled'));
+    items = true;
+  }
+  return controller !== undefined || items;
 }
 
 /** The job in which units run one after the other, and how long it may take more. */
@@ -377,7 +385,7 @@ export async function admitLoaded(
     child === undefined ? undefined : { ...child.context, status: child.value };
   if (
     state === undefined ||
-    !isDue(state.status) ||
+    !isUnitDue(state) ||
     state.attempt !== data.attempt ||
     (state.pauses ?? 0) !== (data.pause ?? 0)
   ) {
@@ -729,3 +737,10 @@ export async function nextUnit(
     ? admitted
     : { next, admitted: { ...admitted, noted: true }, ended };
 }
+
+/** A unit that runs nothing and records nothing besides its events. */
+export const NO_RUN: Unit = {
+  started: [],
+  recorder: { toolCalled: () => {}, modelCalled: () => {}, modelRateLimited: () => {} },
+  records: () => Promise.resolve([]),
+};

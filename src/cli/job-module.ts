@@ -280,7 +280,8 @@ async function loadPlan(name: string, exported: unknown): Promise<Plan> {
  */
 function checkOperatorSteps(name: string, plan: Plan, operators: Record<string, Operator>): void {
   for (const step of plan.steps) {
-    const needed = step.kind === 'operator' ? step.operator : null;
+    const runs = step.kind === 'map' ? step.item : step;
+    const needed = runs.kind === 'operator' ? runs.operator : null;
     if (needed !== null && operators[needed] === undefined) {
       const known = Object.keys(operators).join(', ') || 'none';
       badInput(
@@ -730,11 +731,12 @@ function checkAgentSteps(
   built = false,
 ): void {
   for (const step of plan.steps) {
-    if (step.kind === 'agent' && !agents.some((a) => a.name === step.agent)) {
+    const runs = step.kind === 'map' ? step.item : step;
+    if (runs.kind === 'agent' && !agents.some((a) => a.name === runs.agent)) {
       const known = agents.map((a) => a.name).join(', ') || 'none';
       const where = built ? 'the array agents() returns' : '`export const agents`';
       badInput(
-        `job module ${name}: step "${step.id}" uses agent "${step.agent}", which the module's ${subjectOf(built)} do not define (it defines: ${known}); add defineAgent({ name: "${step.agent}", … }) to ${where}`,
+        `job module ${name}: step "${step.id}" uses agent "${runs.agent}", which the module's ${subjectOf(built)} do not define (it defines: ${known}); add defineAgent({ name: "${runs.agent}", … }) to ${where}`,
       );
     }
   }

@@ -3,7 +3,7 @@ import type { LedgerEntry } from '../persistence/ledger.js';
 import type { StoredRunEvent } from '../persistence/snapshot-store.js';
 import { countModelCalls, reconciliationText } from '../persistence/reservation-words.js';
 import type { PendingApproval, RunReport, RunUsage } from '../runtime.js';
-import type { PendingWait } from '../operations/reading.js';
+import { mapText, type PendingWait } from '../operations/reading.js';
 import { existsSync, realpathSync } from 'node:fs';
 import { delimiter, isAbsolute, join, relative, resolve } from 'node:path';
 import type { SerializedError } from '../errors.js';
@@ -617,6 +617,9 @@ export function statusLines(
     lines.push(
       `  progress of ${stepId} (attempt ${p.attempt}, ${clock(p.at)}): ${preview(p.info, 120, options.full === true)}`,
     );
+  }
+  for (const [stepId, m] of Object.entries(report.maps ?? {})) {
+    lines.push(`  items of ${stepId}: ${mapText(m)}`);
   }
   if (report.idle != null) lines.push(idleLine(report.idle, next));
   if (report.routing != null) lines.push(...routingLines(report.routing));

@@ -502,6 +502,9 @@ async function executeOnce(
       case 'wait':
         // A wait step is driven by its own unit (actors/wait.ts), never executed.
         throw new InvariantError(`wait step "${step.id}" was handed to an operator's execution`);
+      case 'map':
+        // A map step runs its items, each a unit of its own (actors/map-item.ts).
+        throw new InvariantError(`map step "${step.id}" was handed to an operator's execution`);
       default: {
         const name = step.operator;
         const op = deps.operators.get(name);

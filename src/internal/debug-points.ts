@@ -32,6 +32,12 @@ export const DebugPoint = {
   afterSignalAppend: 'after-signal-append',
   /** A schedule's fire is recorded `started`; its run is not yet created. */
   afterFireRecorded: 'after-fire-recorded',
+  /** A map step's items are stored and the first dispatched; its start is not yet committed. */
+  afterMapStart: 'after-map-start',
+  /** A map item's operator or agent returned; the item's result is not yet committed. */
+  beforeItemCommit: 'before-item-commit',
+  /** A map item is committed; the next item it dispatched is not yet enqueued. */
+  afterItemCommit: 'after-item-commit',
 } as const;
 /** A value of {@link DebugPoint}. */
 export type DebugPoint = (typeof DebugPoint)[keyof typeof DebugPoint];

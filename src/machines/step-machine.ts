@@ -183,6 +183,12 @@ export const stepMachine = setup({
       updatedAt: event.at,
     })),
     touch: assign({ updatedAt: ({ event }) => event.at }),
+    // A step starts; a map step's start says how many items its attempt runs.
+    start: assign(({ event }) =>
+      event.type === 'step.started' && event.items !== undefined
+        ? { map: { total: event.items }, updatedAt: event.at }
+        : { updatedAt: event.at },
+    ),
     // A wait step starts waiting: what for, and until when, as the event computed it once.
     startWait: assign(({ event }) =>
       event.type !== 'wait.started'
@@ -377,7 +383,7 @@ export const stepMachine = setup({
     READY: {
       entry: { type: 'report', params: ({ context }) => stepReport('READY', context) },
       on: {
-        'step.started': { guard: 'isCurrentAttempt', target: 'RUNNING', actions: 'touch' },
+        'step.started': { guard: 'isCurrentAttempt', target: 'RUNNING', actions: 'start' },
         'turn.committed': { guard: 'isNextTurn', target: 'RUNNING', actions: 'commitTurn' },
         'wait.started': { guard: 'isCurrentAttempt', target: 'WAITING', actions: 'startWait' },
         'step.cacheHit': { guard: 'isCurrentAttempt', actions: 'noteCacheHit' },

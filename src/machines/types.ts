@@ -168,6 +168,8 @@ export interface StepContext {
   wait?: WaitState | null;
   /** Where the step's output came from, when a cache entry gave it (no attempt ran). */
   cachedFrom: CacheSource | null;
+  /** A map step's running attempt: how many items it runs (absent for every other step). */
+  map?: MapProgress | null;
   updatedAt: number;
 }
 
@@ -188,6 +190,15 @@ export interface WaitState {
   signal: string | null;
   dueAt: number | null;
   since: number;
+}
+
+/**
+ * A map step whose attempt started: its items run as units of their own, their results kept
+ * beside the run (not in its snapshot), so the step itself has no unit due while it is RUNNING.
+ */
+export interface MapProgress {
+  /** Items the attempt runs. */
+  total: number;
 }
 
 /** The cache entry a step's output came from. */

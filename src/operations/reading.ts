@@ -117,6 +117,8 @@ export interface RunReport {
    * `waiting for a concurrency slot of key customer=acme (limit 1)`. Empty when none waits.
    */
   concurrency?: ConcurrencyWait[];
+  /** How far each map step that started has come, by step id (its latest attempt). */
+  maps: Record<string, MapProgressReport>;
 }
 
 /** A unit waiting for a concurrency slot (see {@link RunReport.concurrency}). */
@@ -147,6 +149,40 @@ async function concurrencyWaits(core: RuntimeCore, runId: string): Promise<Concu
       };
     })
     .sort((a, b) => a.since - b.since);
+}
+
+/** How far a map step has come: its items, those committed, failed and in flight. */
+export interface MapProgressReport {
+  /** The items of its latest attempt. */
+  total: number;
+  /** Items committed (with `itemFailures: 'collect'`, failed ones included). */
+  done: number;
+  /** Items that failed finally. */
+  failed: number;
+  /** Items dispatched and not committed. */
+  running: number;
+}
+
+/** A map step's progress in words: `<done>/<total> done, <failed> failed, <running> running`. */
+export function mapText(m: MapProgressReport): string {
+  return `${m.done}/${m.total} done, ${m.failed} failed, ${m.running} running`;
+}
+
+/** The progress of the plan's map steps that started (one small read each). */
+async function mapsOf(
+  core: RuntimeCore,
+  runId: string,
+  plan: { steps: readonly { id: string; kind: string }[] },
+): Promise<Record<string, MapProgressReport>> {
+  const out: Record<string, MapProgressReport> = {};
+  for (const step of plan.steps) {
+    if (step.kind !== 'map') continue;
+    const counts = await core.stores.maps.counts(runId, step.id);
+    if (counts === null) continue;
+    const { total, done, failed, running } = counts;
+    out[step.id] = { total, done, failed, running };
+  }
+  return out;
 }
 
 /** See {@link RunReport.routing}. */
@@ -331,6 +367,7 @@ export async function readReport(core: RuntimeCore, runId: string): Promise<RunR
     routing: status === 'running' ? await routingOf(core, runId, queue, idle) : null,
     progress: progressOf(progress),
     concurrency: status === 'running' ? await concurrencyWaits(core, runId) : [],
+    maps: await mapsOf(core, runId, meta.plan),
   };
 }
 

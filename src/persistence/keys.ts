@@ -72,6 +72,15 @@ export const RunKeyKind = {
    */
   Inbox: 'inbox',
   /**
+   * HASH per map step, `<prefix>:{<runId>}:map:<stepId>`: its running attempt's state (`attempt`,
+   * `total`, `next` index to dispatch, `done`, `failed`, `mode`, `end`), each item's element
+   * (`i:<index>`, until it is committed), output (`o:<index>`), attempt (`a:<index>`) and a
+   * failing item's error (`e:<index>`).
+   */
+  Map: 'map',
+  /** SET per map step, `<prefix>:{<runId>}:map-inflight:<stepId>`: the indexes of its items dispatched and not committed. */
+  MapInflight: 'map-inflight',
+  /**
    * STRING with a TTL (a minute, renewed while it holds): why a worker put one of the run's units
    * back untried, JSON `{ reason, operator?, agent?, queue, host, pid, at }` (a worker that does not
    * know the step's operator or agent). Read by status.
@@ -189,6 +198,10 @@ export interface Keys {
   progress(runId: string): string;
   /** The run's inbox of signals (HASH, see `RunKeyKind.Inbox`). */
   inbox(runId: string): string;
+  /** A map step's state and items (HASH, see `RunKeyKind.Map`). */
+  map(runId: string, stepId: string): string;
+  /** A map step's items in flight (SET, see `RunKeyKind.MapInflight`). */
+  mapInflight(runId: string, stepId: string): string;
   /** Why a worker put one of the run's units back untried (STRING, see `RunKeyKind.Unrouted`). */
   unrouted(runId: string): string;
   /** The run's units waiting for a concurrency slot (HASH, see `RunKeyKind.SlotWaits`). */
@@ -443,6 +456,14 @@ export function createKeys(prefix: string = DEFAULT_KEY_PREFIX): Keys {
     runInfo: () => `{${prefix}:runs}:info`,
     progress: (runId) => runKey(runId, RunKeyKind.Progress),
     inbox: (runId) => runKey(runId, RunKeyKind.Inbox),
+    map: (runId, stepId) => {
+      assertStepId(stepId);
+      return `${runKey(runId, RunKeyKind.Map)}:${stepId}`;
+    },
+    mapInflight: (runId, stepId) => {
+      assertStepId(stepId);
+      return `${runKey(runId, RunKeyKind.MapInflight)}:${stepId}`;
+    },
     unrouted: (runId) => runKey(runId, RunKeyKind.Unrouted),
     slotWaits: (runId) => runKey(runId, RunKeyKind.SlotWaits),
     slots: (scope, value) => {

@@ -52,6 +52,8 @@ export interface RunKeyInfo {
   stepIds: readonly string[];
   /** The request key the run was started with, if any. */
   requestKey: string | null;
+  /** The ids of the plan's map steps (their items' keys). */
+  mapStepIds?: readonly string[];
 }
 
 /** The keys of a run that a store adds, by Redis Cluster slot. */
@@ -263,6 +265,10 @@ export function createRetentionStore(options: RetentionStoreOptions): RetentionS
       keys.ledger(runId, info.tenantId),
       keys.journal(runId),
       ...info.stepIds.map((stepId) => keys.history(runId, stepId)),
+      ...(info.mapStepIds ?? []).flatMap((stepId) => [
+        keys.map(runId, stepId),
+        keys.mapInflight(runId, stepId),
+      ]),
       keys.blobs(runId),
       ...(await blobKeys(runId)),
       keys.meta(runId),

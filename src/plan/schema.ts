@@ -30,7 +30,14 @@ export const effectClassSchema = z.enum(['read_only', 'local', 'memory', 'extern
 /** A step's risk level. */
 export const riskLevelSchema = z.enum(['low', 'medium', 'high', 'critical']);
 /** The kinds of step. */
-export const stepKindSchema = z.enum(['operator', 'agent', 'policy_check', 'human_gate', 'wait']);
+export const stepKindSchema = z.enum([
+  'operator',
+  'agent',
+  'policy_check',
+  'human_gate',
+  'wait',
+  'map',
+]);
 
 /**
  * How a step's output is cached, tenant-wide, under the step's code identity, input and
@@ -375,6 +382,39 @@ export const waitStepSchema = z
   })
   .strict();
 
+/** Most items a map step runs over. */
+export const MAX_MAP_ITEMS = 10_000;
+
+/**
+ * What a map step runs for each element of its list: a registered operator, or a registered agent
+ * (atomic), given the element as its input.
+ */
+export const mapItemSchema = z.discriminatedUnion('kind', [
+  z.object({ kind: z.literal('operator'), operator: nonEmpty() }).strict(),
+  z.object({ kind: z.literal('agent'), agent: nonEmpty() }).strict(),
+]);
+/** What a map step runs per element (see {@link mapItemSchema}). */
+export type MapItem = z.output<typeof mapItemSchema>;
+
+/**
+ * A step that runs one unit per element of a list: the array at `over` (`<stepId>` or
+ * `<stepId>.<path>`, the step a dependency of this one or an ancestor of one), each element the
+ * input of an `item` (an operator or an agent), each with its own retries (the step's `retry`),
+ * at most `maxConcurrency` at a time. Its output is the array of the items' outputs in element
+ * order. An item that fails finally fails the step (`item_failed`), unless `itemFailures` is
+ * `collect`: then its place in the output holds an error record.
+ */
+export const mapStepSchema = z
+  .object({
+    kind: z.literal('map'),
+    ...commonStepShape,
+    over: nonEmpty(),
+    item: mapItemSchema,
+    maxConcurrency: z.number().int().min(1).max(1000).default(10),
+    itemFailures: z.enum(['fail', 'collect']).default('fail'),
+  })
+  .strict();
+
 /** One step as written (its `retry` not yet resolved; {@link planSchema} resolves it). */
 export const stepSchema = z.discriminatedUnion('kind', [
   operatorStepSchema,
@@ -382,6 +422,7 @@ export const stepSchema = z.discriminatedUnion('kind', [
   policyCheckStepSchema,
   humanGateStepSchema,
   waitStepSchema,
+  mapStepSchema,
 ]);
 
 /** The step schema of each kind. */
@@ -391,6 +432,7 @@ export const stepSchemasByKind = {
   policy_check: policyCheckStepSchema,
   human_gate: humanGateStepSchema,
   wait: waitStepSchema,
+  map: mapStepSchema,
 } as const;
 
 /** Plan-wide defaults. */
@@ -442,8 +484,14 @@ export interface WaitStep extends Omit<z.output<typeof waitStepSchema>, 'retry'>
   /** Resolved: step over plan defaults over built-ins. */
   retry: RetryPolicy;
 }
+/** A parsed map step. */
+export interface MapStep extends Omit<z.output<typeof mapStepSchema>, 'retry'> {
+  /** Resolved: step over plan defaults over built-ins; the policy of each item. */
+  retry: RetryPolicy;
+}
 /** A parsed step of any kind. */
-export type PlanStep = OperatorStep | AgentStep | PolicyCheckStep | HumanGateStep | WaitStep;
+export type PlanStep =
+  OperatorStep | AgentStep | PolicyCheckStep | HumanGateStep | WaitStep | MapStep;
 /** The kind of a step. */
 export type StepKind = z.output<typeof stepKindSchema>;
 /** A parsed, validated plan. Each step's `retry` is resolved, so consumers never merge again. */
@@ -771,6 +819,7 @@ export function checkPlanSemantics(plan: unknown): PlanSemanticIssue[] {
   });
 
   issues.push(...checkConditions(steps, edges, firstIndex, allIdsReadable));
+  issues.push(...checkMapSources(steps, edges, firstIndex, allIdsReadable));
 
   const ids = [...edges.keys()];
   for (const { cycle, component } of findDependencyCycles(ids, (id) => edges.get(id) ?? [])) {
@@ -832,6 +881,71 @@ function checkConditions(
         named === id
           ? `step ${JSON.stringify(id)} has a condition on its own output: name a step it depends on`
           : `the condition names step ${JSON.stringify(named)}, which is neither a dependency of step ${JSON.stringify(id)} nor an ancestor of one, so its output may not be there when the condition is tested: add ${JSON.stringify(named)} to dependsOn`,
+    });
+  });
+  return issues;
+}
+
+/**
+ * The step a map's `over` names and the path inside its output: the longest step id among `ids`
+ * that `over` is, or starts with followed by a dot (step ids may hold dots themselves). Null when
+ * `over` names no step.
+ */
+export function splitOver(
+  over: string,
+  ids: Iterable<string>,
+): { step: string; path: string | undefined } | null {
+  let best: string | undefined;
+  for (const id of ids) {
+    if (over !== id && !over.startsWith(`${id}.`)) continue;
+    if (best === undefined || id.length > best.length) best = id;
+  }
+  if (best === undefined) return null;
+  return { step: best, path: over === best ? undefined : over.slice(best.length + 1) };
+}
+
+/**
+ * A map's list is known when it starts: `over` names one of its dependencies, or an ancestor of
+ * one.
+ */
+function checkMapSources(
+  steps: unknown[],
+  edges: ReadonlyMap<string, string[]>,
+  firstIndex: ReadonlyMap<string, number>,
+  allIdsReadable: boolean,
+): Issue[] {
+  const issues: Issue[] = [];
+  steps.forEach((step: unknown, i) => {
+    if (!isRecord(step) || step.kind !== 'map' || typeof step.over !== 'string') return;
+    const id = typeof step.id === 'string' ? step.id : undefined;
+    const path = ['steps', i, 'over'];
+    const named = splitOver(step.over, firstIndex.keys());
+    if (named === null) {
+      if (!allIdsReadable) return;
+      const head = step.over.split('.')[0]!;
+      const guess = closestMatch(head, firstIndex.keys());
+      issues.push({
+        path,
+        message: `over ${JSON.stringify(step.over)} names no step${guess === undefined ? '' : ` (did you mean ${JSON.stringify(guess)}?)`}: write "<stepId>" or "<stepId>.<path>", naming a step this one depends on`,
+      });
+      return;
+    }
+    if (id === undefined || firstIndex.get(id) !== i) return;
+    // `<map>.<index>` names the map's items (their ledger scope and idempotency key).
+    for (const [other, j] of firstIndex) {
+      if (!other.startsWith(`${id}.`) || !/^\d+$/.test(other.slice(id.length + 1))) continue;
+      issues.push({
+        path: ['steps', j, 'id'],
+        message: `step id ${JSON.stringify(other)} is the id of an item of map step ${JSON.stringify(id)} (its items run as "${id}.<index>"): rename the step`,
+      });
+    }
+    if (ancestorsOf(id, edges).has(named.step)) return;
+    issues.push({
+      path,
+      message:
+        named.step === id
+          ? `map step ${JSON.stringify(id)} runs over its own output: name a step it depends on`
+          : `over names step ${JSON.stringify(named.step)}, which is neither a dependency of map step ${JSON.stringify(id)} nor an ancestor of one, so its output may not be there when the map starts: add ${JSON.stringify(named.step)} to dependsOn`,
     });
   });
   return issues;

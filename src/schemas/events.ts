@@ -42,10 +42,20 @@ export const stepCacheHitSchema = z
 /**
  * A worker started executing attempt `attempt` (READY → RUNNING) at `at`. A worker commits it with
  * the first result of the execution (its outcome, a turn, a pause), so the stream records the
- * interval the attempt ran without a commit of its own.
+ * interval the attempt ran without a commit of its own (but a map step's, committed alone).
  */
 export const stepStartedSchema = z
-  .object({ type: z.literal('step.started'), stepId, attempt, at })
+  .object({
+    type: z.literal('step.started'),
+    stepId,
+    attempt,
+    /**
+     * A map step's attempt started with this many items: it stays RUNNING while its items run,
+     * each a unit of its own, and no unit of the step itself is due.
+     */
+    items: z.number().int().nonnegative().optional(),
+    at,
+  })
   .strict();
 
 /**

@@ -19,6 +19,7 @@ import type { StoredRunEvent } from '../persistence/snapshot-store.js';
 import { countModelCalls, reconciliationText } from '../persistence/reservation-words.js';
 import type { SerializedError } from '../errors.js';
 import type { RunListEntry } from '../worker/run-list.js';
+import { mapText } from '../operations/reading.js';
 import {
   attemptErrors,
   errorHtml,
@@ -453,6 +454,8 @@ function stepsHtml({ report, trace, events }: RunView): string {
     if (s.rejection !== null) detail.push(`rejected by ${h(s.rejection.by)}`);
     if (s.retryAt !== null) detail.push(`retry at ${time(s.retryAt)}`);
     if (s.cachedFrom !== null) detail.push(`from the cache of run ${h(s.cachedFrom.runId)}`);
+    const items = report.maps?.[s.stepId];
+    if (items !== undefined) detail.push(`items ${h(mapText(items))}`);
     const progress = report.progress[s.stepId];
     const shown =
       progress !== undefined && s.status === 'RUNNING' ? progressHtml(s.stepId, progress) : '';

@@ -44,10 +44,12 @@ export async function missingFor(
   const step = meta.plan.steps.find((s) => s.id === data.stepId);
   if (step === undefined) return null;
   const { operators, agents } = core.registry;
-  if (step.kind === 'agent') {
-    return agents.has(step.agent) ? null : { agent: step.agent };
+  // A map step's units (its start and its items) need what its items run.
+  const runs = step.kind === 'map' ? step.item : step;
+  if (runs.kind === 'agent') {
+    return agents.has(runs.agent) ? null : { agent: runs.agent };
   }
-  if (step.kind === 'operator' && !operators.has(step.operator)) return { operator: step.operator };
+  if (runs.kind === 'operator' && !operators.has(runs.operator)) return { operator: runs.operator };
   return null;
 }
 

@@ -5,6 +5,7 @@ import type { Redis } from 'ioredis';
 import { runStepUnit } from '../actors/step.js';
 import { runTurnUnit } from '../actors/turn.js';
 import { runWakeUnit } from '../actors/wait.js';
+import { runMapItemUnit, type ItemOutcomeWord } from '../actors/map-item.js';
 import {
   abortUnit,
   createUnitHost,
@@ -192,6 +193,13 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
           await job.moveToDelayed(core.clock() + woke.retryAfterMs, token);
           throw new DelayedError();
         }
+        case JobName.item: {
+          const outcome = await processItem(job);
+          if (typeof outcome === 'string') return outcome;
+          // A tool call another worker holds, or Redis trouble: back to the queue, no attempt spent.
+          await job.moveToDelayed(core.clock() + outcome.retryAfterMs, token);
+          throw new DelayedError();
+        }
         case JobName.start:
           return await processStartJob(core, job);
         case JobName.schedule: {
@@ -290,6 +298,37 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       ]);
       await wakeIfHanded(outcome, data.runId, outcome.unit.opts.jobId);
       return outcome.parked === undefined ? 'busy' : 'parked';
+    }
+  }
+
+  /** Runs an item job's unit (see `map-item.ts`), noted in the registry like a step's. */
+  async function processItem(job: Job<JobData>): Promise<ItemOutcomeWord> {
+    const { data } = job;
+    const jobId = job.id!;
+    const missing = await missingFor(core, JobName.step, data);
+    if (missing !== null) {
+      await notePutBack(core, data.runId, missing, job.queueName, identity).catch(() => {});
+      return { retryAfterMs: PUT_BACK_MS };
+    }
+    registry.trigger.unitStarted({
+      unit: {
+        jobId,
+        runId: data.runId,
+        stepId: data.stepId!,
+        attempt: data.attempt!,
+        turn: null,
+        kind: 'step',
+        since: core.clock(),
+      },
+    });
+    try {
+      const outcome = await runMapItemUnit(host, data, jobId);
+      const failed = outcome === 'item-failed' || outcome === 'item-retry';
+      registry.trigger.unitEnded({ jobId, end: failed ? 'attemptFailed' : 'done' });
+      return outcome;
+    } catch (error) {
+      registry.trigger.unitEnded({ jobId, end: 'threw' });
+      throw error;
     }
   }
 

@@ -139,6 +139,8 @@ const everyValue = [
   'UnknownToolError',
   'UsageLimitExceededError',
   'WaitTimeoutError',
+  'ItemFailedError',
+  'MapOverError',
   'isFlujoError',
   'reviveError',
   // the rest
