@@ -94,6 +94,8 @@ export async function deleteRuntimeKeys(prefix: string): Promise<void> {
     await deletePrefix(redis, `{${prefix}:active-runs}`);
     await deletePrefix(redis, `{${prefix}:schedules}`);
     await deletePrefix(redis, `{${prefix}:workers}`);
+    await deletePrefix(redis, `{${prefix}:singletons:`);
+    await deletePrefix(redis, `{${prefix}:debounce:`);
   } finally {
     redis.disconnect();
   }
