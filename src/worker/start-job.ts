@@ -25,7 +25,7 @@ export const START_JOB_NAME = JobName.start;
 
 export { DEFAULT_QUEUE_NAME };
 
-/** The data of a `start` job: what `runtime.start(plan, input, { runId, requestKey, tenantId })` takes. */
+/** The data of a `start` job: what `runtime.start(plan, input, { runId, requestKey, tenantId, priority })` takes. */
 export interface StartJobData {
   /** The plan: an object as `runtime.start` takes it, or its JSON text. */
   plan: PlanInput | string;
