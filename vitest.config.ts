@@ -61,6 +61,8 @@ const CLUSTER_SUITES = [
   'worker-sweep',
   'signals',
   'schedules',
+  'priority',
+  'singleton-debounce',
 ];
 
 // Three projects. `unit` needs nothing but Node: no Redis, no build. `integration` starts its own

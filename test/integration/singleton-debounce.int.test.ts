@@ -67,8 +67,8 @@ async function childStarts(count: number, option: unknown, n0: number) {
     N0: String(n0),
   };
   const script = join(root, 'test', 'fixtures', 'keyed-starts.ts');
-  const child = spawnChild(pinnedNode, ['--import', 'tsx', script], { env, timeoutMs: 60_000 });
-  await expect.poll(() => child.out().includes('ready'), { timeout: 30_000 }).toBe(true);
+  const child = spawnChild(pinnedNode, ['--import', 'tsx', script], { env, timeoutMs: 150_000 });
+  await expect.poll(() => child.out().includes('ready'), { timeout: 90_000 }).toBe(true);
   const result = child.done.then((r) => {
     if (r.code !== 0) throw new Error(`child exited ${r.code}: ${r.err}`);
     return r.lines.filter((l) => l.startsWith('{')).map((l) => JSON.parse(l) as Partial<RunHandle>);
@@ -78,7 +78,7 @@ async function childStarts(count: number, option: unknown, n0: number) {
 
 const runsOfPlan = async () => (await runtime.list()).filter((r) => r.planName === 'keyed');
 
-describe('singleton starts', { timeout: 90_000 }, () => {
+describe('singleton starts', { timeout: 240_000 }, () => {
   it('skip: 10 concurrent starts from three processes make one run; the key is free once it ended', async () => {
     calls.length = 0;
     workMs = 3000;
