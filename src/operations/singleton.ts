@@ -67,8 +67,9 @@ async function holderState(
   return snapshot.status !== 'active' || snapshot.value === 'failed' ? 'ended' : 'live';
 }
 
-/** What a singleton start did besides starting: the run it cancelled. */
+/** What a singleton start did besides starting: the run it claimed the key for, the run it cancelled. */
 export interface SingletonOutcome {
+  claimed?: string;
   cancelled?: string;
 }
 
@@ -88,6 +89,7 @@ export function singletonHooks(
     for (let i = 0; i < CLAIM_TRIES; i++) {
       const r = await store.claim(tenantId, key, runId, core.clock(), mode === 'cancel_previous');
       if (r.claimed) {
+        outcome.claimed = runId;
         const previous = r.previous;
         if (previous !== null && previous.runId !== runId) {
           if ((await holderState(core, previous)) === 'live') {
@@ -146,4 +148,20 @@ export async function checkStillHeld(
   // No holder: the run ended already and released it.
   if (holder === null || holder.runId === runId) return;
   await cancelPrevious(core, runId, holder.runId, key);
+}
+
+/**
+ * After a singleton start that claimed its key but created no run (its request key led to another
+ * run, or the create failed): the key is released at once rather than left to lapse as a claim
+ * whose run never came.
+ */
+export async function releaseUnused(
+  core: RuntimeCore,
+  outcome: SingletonOutcome,
+  startedRunId: string | null,
+  tenantId: string,
+  key: string,
+): Promise<void> {
+  if (outcome.claimed === undefined || outcome.claimed === startedRunId) return;
+  await core.stores.singletons.release(tenantId, key, outcome.claimed);
 }

@@ -6,7 +6,7 @@ import type { RuntimeCore } from '../actors/core.js';
 import type { Plan, PlanInput } from '../plan/schema.js';
 import { withRedisDeadline } from '../persistence/redis-errors.js';
 import type { StepOutcome } from '../schemas/outcomes.js';
-import { launchRun, type StartOptions } from '../worker/start-run.js';
+import { launchRun, type LaunchedRun, type StartOptions } from '../worker/start-run.js';
 import { outcomesOf } from '../worker/streams.js';
 import { resumeRun } from './decisions.js';
 import { loadRun, readReport, waitSettled, type RunReport } from './reading.js';
@@ -23,6 +23,7 @@ import {
 import {
   checkSingleton,
   checkStillHeld,
+  releaseUnused,
   singletonHooks,
   type SingletonOptions,
   type SingletonOutcome,
@@ -111,23 +112,46 @@ export async function beginRun(
   // The options are checked before anything is written: a bad one starts nothing.
   const singleton = singletonOption === undefined ? undefined : checkSingleton(singletonOption);
   const text = signal === undefined ? undefined : startSignalText(core, planSource, signal, opts);
-  const outcome: SingletonOutcome = {};
-  const hooks = singleton === undefined ? {} : singletonHooks(core, singleton, outcome);
-  const started = await launchRun(core, planSource, input, opts, true, hooks);
-  if (singleton !== undefined && started.created) {
-    await checkStillHeld(core, started.runId, opts.tenantId ?? core.tenantId, singleton.key);
-  }
+  const started = await launchSingleton(core, planSource, input, opts, singleton);
   if (opts.resumeFailed === true && started.found === 'failed') {
     await resumeRun(core, started.runId, { by: 'request-key' });
   }
   const handle = {
     ...runHandle(core, started.runId, started.created),
     ...(started.skipped === true ? { skipped: true } : {}),
-    ...(outcome.cancelled === undefined ? {} : { cancelled: outcome.cancelled }),
+    ...(started.cancelled === undefined ? {} : { cancelled: started.cancelled }),
   };
   if (signal === undefined || text === undefined) return handle;
   const receipt = await appendSignal(core, started.runId, signal.name, text, signal.id ?? null);
   return { ...handle, signal: receipt };
+}
+
+/**
+ * `launchRun`, with the claim of a singleton key when the start has one: a run created under a
+ * key taken meanwhile cancels itself, and a claim whose run was not created is released.
+ */
+async function launchSingleton(
+  core: RuntimeCore,
+  planSource: Plan | PlanInput | string,
+  input: unknown,
+  opts: StartOptions,
+  singleton: Required<SingletonOptions> | undefined,
+): Promise<LaunchedRun & { cancelled?: string }> {
+  if (singleton === undefined) return launchRun(core, planSource, input, opts, true);
+  const outcome: SingletonOutcome = {};
+  const tenantId = opts.tenantId ?? core.tenantId;
+  let started: LaunchedRun;
+  try {
+    started = await launchRun(core, planSource, input, opts, true, {
+      ...singletonHooks(core, singleton, outcome),
+    });
+  } catch (error) {
+    await releaseUnused(core, outcome, null, tenantId, singleton.key).catch(() => {});
+    throw error;
+  }
+  await releaseUnused(core, outcome, started.runId, tenantId, singleton.key);
+  if (started.created) await checkStillHeld(core, started.runId, tenantId, singleton.key);
+  return outcome.cancelled === undefined ? started : { ...started, cancelled: outcome.cancelled };
 }
 
 /** A debounced start (see `BeginOptions.debounce`): its options checked, then its burst joined. */
