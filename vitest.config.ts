@@ -65,6 +65,8 @@ const CLUSTER_SUITES = [
   'schedules',
   'model-rate-limits',
   'concurrency',
+  'priority',
+  'singleton-debounce',
 ];
 
 // Three projects. `unit` needs nothing but Node: no Redis, no build. `integration` starts its own

@@ -82,6 +82,8 @@ export {
   type StepProgress,
 } from './operations/reading.js';
 export type { BeginOptions, RunHandle } from './operations/starting.js';
+export type { SingletonOptions } from './operations/singleton.js';
+export type { DebounceInfo, DebounceOptions } from './operations/debounce.js';
 export type { SignalOptions, SignalReceipt, StartSignal } from './operations/signals.js';
 export type { SignalSchema } from './actors/runtime-registry.js';
 export type { ScheduleInfo } from './operations/schedules.js';

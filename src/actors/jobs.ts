@@ -1,3 +1,4 @@
+import { InputValidationError } from '../errors.js';
 import { runSteps, type RunSnapshot } from '../machines/kernel.js';
 import type { PlannedAction } from '../machines/types.js';
 
@@ -32,6 +33,11 @@ export const JobName = {
    * assembled and committed. See `map-item.ts`.
    */
   item: 'item',
+  /**
+   * A debounce burst's time came: start its run with the burst's last input (see
+   * `worker/debounce-job.ts`); its data is a `DebounceJobData`, not a {@link JobData}.
+   */
+  debounce: 'debounce',
 } as const;
 /** A value of {@link JobName}. */
 export type JobName = (typeof JobName)[keyof typeof JobName];
@@ -53,11 +59,43 @@ export interface JobData {
   itemAttempt?: number;
 }
 
-/** A job to add, with its deterministic id. */
+/** A job to add, with its deterministic id (its BullMQ priority is set from its run's meta). */
 export interface JobSpec {
   name: JobName;
   data: JobData;
-  opts: { jobId: string; delay?: number };
+  opts: { jobId: string; delay?: number; priority?: number };
+}
+
+/** The lowest run priority a start may give (see {@link bullPriority}). */
+export const PRIORITY_MIN = -1000;
+/** The highest run priority a start may give. */
+export const PRIORITY_MAX = 1000;
+
+/** Throws {@link InputValidationError} naming `field` unless `priority` is an integer in range. */
+export function assertPriority(priority: unknown, field = 'priority'): asserts priority is number {
+  if (
+    typeof priority !== 'number' ||
+    !Number.isInteger(priority) ||
+    priority < PRIORITY_MIN ||
+    priority > PRIORITY_MAX
+  ) {
+    throw new InputValidationError('start options', [
+      {
+        path: field,
+        message: `must be an integer from ${PRIORITY_MIN} to ${PRIORITY_MAX} (higher goes first, 0 by default), got ${JSON.stringify(priority) ?? String(priority)}`,
+      },
+    ]);
+  }
+}
+
+/**
+ * The BullMQ priority of a unit job of a run of priority `priority` (higher goes first, 0 by
+ * default). BullMQ takes a job with no priority before any prioritized one, and a lower number
+ * first among these: so every unit job gets one, from 1 (priority 1000) to 2001 (priority -1000),
+ * a run started without a priority included (1001), and a higher run priority goes first.
+ */
+export function bullPriority(priority: number): number {
+  return PRIORITY_MAX + 1 - priority;
 }
 
 // Step ids never contain '|' (see STEP_ID_PATTERN) and run ids are URI-encoded, so ids cannot

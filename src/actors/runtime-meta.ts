@@ -29,6 +29,13 @@ export interface RunMeta {
    * created before runs recorded one (its units go to the queue of the runtime that adds them).
    */
   queue: string | null;
+  /**
+   * The run's priority as the start gave it (see `StartOptions.priority`: higher goes first);
+   * 0 for a run started without one. Every job of the run's units is added with it.
+   */
+  priority: number;
+  /** The singleton key the run holds (see `StartOptions.singleton`), released when it ends. */
+  singleton: string | null;
 }
 
 /**
@@ -92,6 +99,8 @@ export class RuntimeMeta {
       },
       replay: replayOriginOf(raw),
       queue: raw['queue'] ?? null,
+      priority: Number(raw['priority'] ?? 0) || 0,
+      singleton: raw['singleton'] ?? null,
     };
     if (this.#metaCache.size > 10_000) this.#metaCache.clear();
     this.#metaCache.set(runId, meta);
@@ -100,7 +109,8 @@ export class RuntimeMeta {
 
   /**
    * A run that ended (succeeded, failed, cancelled): its keys get their expiry (none for a failed
-   * run without `retention.failedRunsMs`: it is kept until resumed), then it leaves the active
+   * run without `retention.failedRunsMs`: it is kept until resumed), its singleton key (if it
+   * holds one) is released, then it leaves the active
    * runs either way (a failed run that is resumed joins them again), noted among the runs that
    * ended lately in the same script (which the sweeps check for a run whose end was taken back).
    * In that order: a crash in between leaves it active, so the next sweep (or a redelivered job)
@@ -114,6 +124,11 @@ export class RuntimeMeta {
       mapStepIds: meta.plan.steps.filter((s) => s.kind === 'map').map((s) => s.id),
       requestKey: meta.requestKey === '' ? null : meta.requestKey,
     });
+    // Its singleton key is free for the next start; before it leaves the active runs, so that a
+    // crash in between is finished by a sweep (and a start that finds the holder ended clears it).
+    if (meta.singleton !== null) {
+      await this.#stores.singletons.release(meta.tenantId, meta.singleton, runId);
+    }
     await this.#stores.activeRuns.ended(runId);
   }
 

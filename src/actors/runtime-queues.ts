@@ -22,6 +22,7 @@ import {
 } from '../persistence/concurrency-store.js';
 import { RUN_LEASE, STEP_LEASE, stepHolder } from './concurrency.js';
 import {
+  bullPriority,
   dueJobs,
   JobName,
   parseCarrierNote,
@@ -152,11 +153,22 @@ export class RuntimeQueues {
    * started before runs recorded their queue).
    */
   async runQueueName(runId: string): Promise<string> {
+    return (await this.#route(runId)).queue;
+  }
+
+  /**
+   * Where the run's unit jobs go and with which BullMQ priority (see `bullPriority`): from its
+   * meta, or this runtime's queue and the default priority for a run whose meta is gone (removed
+   * meanwhile: its job, if any, finds no run and ends).
+   */
+  async #route(runId: string): Promise<{ queue: string; priority: number }> {
     try {
-      return (await this.#meta.read(runId)).queue ?? this.queueName;
+      const meta = await this.#meta.read(runId);
+      return { queue: meta.queue ?? this.queueName, priority: bullPriority(meta.priority) };
     } catch (error) {
-      // A run whose meta is gone (removed meanwhile): its job, if any, finds no run and ends.
-      if (error instanceof InputValidationError) return this.queueName;
+      if (error instanceof InputValidationError) {
+        return { queue: this.queueName, priority: bullPriority(0) };
+      }
       throw error;
     }
   }
@@ -429,14 +441,16 @@ export class RuntimeQueues {
   }
 
   /**
-   * Adds jobs, each to the queue of its run (see {@link runQueueName}): every unit job of a run,
-   * whoever adds it (a start, a commit, a retry, a deadline, a wake, a sweep), goes to one queue.
+   * Adds jobs, each to the queue of its run (see {@link runQueueName}) with its run's priority:
+   * every unit job of a run, whoever adds it (a start, a commit, a retry, a deadline, a wake, a
+   * sweep), goes to one queue, and goes before the jobs of runs of lower priority waiting there.
    * One round trip per queue.
    */
   async add(jobs: JobSpec[]): Promise<void> {
     const byQueue = new Map<string, JobSpec[]>();
-    for (const j of jobs) {
-      const name = await this.runQueueName(j.data.runId);
+    for (const spec of jobs) {
+      const { queue: name, priority } = await this.#route(spec.data.runId);
+      const j = { ...spec, opts: { ...spec.opts, priority } };
       const list = byQueue.get(name);
       if (list === undefined) byQueue.set(name, [j]);
       else list.push(j);

@@ -1,3 +1,5 @@
+import { createDebounceStore, type DebounceStore } from '../persistence/debounces.js';
+import { createSingletonKeys, type SingletonKeys } from '../persistence/singletons.js';
 import type { Redis } from 'ioredis';
 import { RunNotFoundError, RunRemovedError } from '../errors.js';
 import type { RunSnapshot } from '../machines/kernel.js';
@@ -74,6 +76,10 @@ export class RuntimeStores {
   readonly counters: RunCounters;
   /** Start requests' keys, claimed once per tenant. */
   readonly requestKeys: RequestKeys;
+  /** Singleton keys: the live run that holds each, per tenant. */
+  readonly singletons: SingletonKeys;
+  /** Debounce bursts: the open one of each key, and those whose run is being started. */
+  readonly debounces: DebounceStore;
   /** The notes workers leave when they start a unit. */
   readonly unitNotes: UnitNotes;
   /** The runs' inboxes of signals. */
@@ -128,6 +134,8 @@ export class RuntimeStores {
     });
     this.counters = createRunCounters(redis, keys);
     this.requestKeys = createRequestKeys(redis, keys, replicas);
+    this.singletons = createSingletonKeys(redis, keys);
+    this.debounces = createDebounceStore(redis, keys);
     this.unitNotes = createUnitNotes(redis, keys);
     this.inbox = createInboxStore(redis, keys);
     this.slots = createConcurrencySlots(redis, keys);

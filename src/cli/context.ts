@@ -9,6 +9,8 @@ export interface Values {
   input?: string;
   'run-id'?: string;
   'request-key'?: string;
+  priority?: string;
+  singleton?: string;
   concurrency?: string;
   follow?: boolean;
   by?: string;

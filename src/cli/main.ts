@@ -13,13 +13,16 @@ const HELP = `flujo: durable execution runtime for AI agents and multi-step jobs
 
 Usage:
   flujo run <job-module> [--input JSON] [--run-id ID] [--request-key K] [--concurrency N] [--json]
-           [--quiet] [--signal NAME [--data JSON] [--id ID]]
+           [--quiet] [--signal NAME [--data JSON] [--id ID]] [--priority N] [--singleton KEY[:MODE]]
       Start a run (with --request-key: find that key's run), print its id and the exact resume
       command first, then execute it with an in-process worker, one line per step state change,
       until it ends or waits (for approval, a signal or a timer); then print its summary.
       Operators' ctx.progress and agents' streamed text show live (--quiet hides the text); due
       work that no worker takes for 5 s is reported. With --request-key K --signal NAME: start or signal, the run of K
-      (started now, or found) gets signal NAME with --data as its payload.
+      (started now, or found) gets signal NAME with --data as its payload. --priority N (-1000 to
+      1000, default 0): the run's units go before those of lower priority in its queue.
+      --singleton KEY[:skip|cancel_previous]: while a run of KEY is live, skip (the default:
+      nothing is started, that run is followed) or cancel it and start this one.
   flujo resume <runId> <job-module> [--concurrency N] [--by NAME] [--json] [--quiet]
       Go on with a run: a failed run is resumed, a running one continued (e.g. after its command
       was killed), a waiting one driven on when a signal is queued for it or its timer is due;
@@ -212,6 +215,8 @@ const OPTIONS = {
   tz: { type: 'string' },
   overlap: { type: 'string' },
   'catchup-window': { type: 'string' },
+  priority: { type: 'string' },
+  singleton: { type: 'string' },
 } as const;
 
 const CONNECTS = ['redis', 'prefix', 'redis-timeout', 'replicas', 'replicas-timeout'];
@@ -229,6 +234,8 @@ const ALLOWED: Record<string, readonly string[]> = {
     'json',
     'quiet',
     'redis-outage-limit',
+    'priority',
+    'singleton',
     ...CONNECTS,
   ],
   resume: ['concurrency', 'json', 'by', 'quiet', 'redis-outage-limit', ...CONNECTS],

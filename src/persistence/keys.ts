@@ -250,6 +250,18 @@ export interface Keys {
    * `{<prefix>:schedules}:fire-times:<scheduleId>`.
    */
   scheduleFireTimes(scheduleId: string): string;
+  /**
+   * HASH of a tenant's singleton keys (key → `<claimed at ms>|<runId>`, the live run that holds
+   * it): `{<prefix>:singletons:<tenantId>}:held`, in a hash tag of its own.
+   */
+  singletons(tenantId: string): string;
+  /**
+   * HASH of a tenant's open debounce bursts (key → JSON `{ burst, first, due, start }`):
+   * `{<prefix>:debounce:<tenantId>}:open`. Its hash tag is shared with {@link Keys.debounceFiring}.
+   */
+  debounceOpen(tenantId: string): string;
+  /** HASH of the bursts whose run is being started (burst id → JSON): `{<prefix>:debounce:<tenantId>}:firing`. */
+  debounceFiring(tenantId: string): string;
 }
 
 /** What a rate limit's name may be: 1 to 200 characters, no `{` or `}` (they would break the hash tag). */
@@ -492,5 +504,17 @@ export function createKeys(prefix: string = DEFAULT_KEY_PREFIX): Keys {
     scheduleState: (id) => `{${prefix}:schedules}:state:${scheduleKeyId(id)}`,
     scheduleFires: (id) => `{${prefix}:schedules}:fires:${scheduleKeyId(id)}`,
     scheduleFireTimes: (id) => `{${prefix}:schedules}:fire-times:${scheduleKeyId(id)}`,
+    singletons: (tenantId) => {
+      assertTenantId(tenantId);
+      return `{${prefix}:singletons:${tenantId}}:held`;
+    },
+    debounceOpen: (tenantId) => {
+      assertTenantId(tenantId);
+      return `{${prefix}:debounce:${tenantId}}:open`;
+    },
+    debounceFiring: (tenantId) => {
+      assertTenantId(tenantId);
+      return `{${prefix}:debounce:${tenantId}}:firing`;
+    },
   };
 }

@@ -25,7 +25,7 @@ export const START_JOB_NAME = JobName.start;
 
 export { DEFAULT_QUEUE_NAME };
 
-/** The data of a `start` job: what `runtime.start(plan, input, { runId, requestKey, tenantId })` takes. */
+/** The data of a `start` job: what `runtime.start(plan, input, { runId, requestKey, tenantId, priority })` takes. */
 export interface StartJobData {
   /** The plan: an object as `runtime.start` takes it, or its JSON text. */
   plan: PlanInput | string;
@@ -40,6 +40,11 @@ export interface StartJobData {
   requestKey?: string | undefined;
   /** @defaultValue the runtime's tenant */
   tenantId?: string | undefined;
+  /**
+   * The run's priority, an integer from -1000 to 1000: higher goes first (see
+   * `StartOptions.priority`). @defaultValue 0
+   */
+  priority?: number | undefined;
 }
 
 /** The return value of a `start` job. */
@@ -50,7 +55,7 @@ export interface StartJobResult {
 }
 
 /** The fields a `start` job takes, for messages. */
-const FIELDS = ['plan', 'input', 'runId', 'requestKey', 'tenantId'] as const;
+const FIELDS = ['plan', 'input', 'runId', 'requestKey', 'tenantId', 'priority'] as const;
 
 const isRecord = (value: unknown): value is Record<string, unknown> =>
   typeof value === 'object' && value !== null && !Array.isArray(value);
@@ -73,7 +78,7 @@ const idField = (field: string, example: string) =>
 
 /**
  * The schema of {@link StartJobData}: an object with `plan`, and optionally `input`, `runId`,
- * `requestKey` and `tenantId`; any other field is refused, so a misspelt one is caught. The plan,
+ * `requestKey`, `tenantId` and `priority`; any other field is refused, so a misspelt one is caught. The plan,
  * the input and the ids are checked further by the start itself, as `runtime.start` checks them.
  */
 export const startJobDataSchema: z.ZodType<StartJobData> = z.strictObject(
@@ -88,10 +93,16 @@ export const startJobDataSchema: z.ZodType<StartJobData> = z.strictObject(
     runId: idField('runId', 'order-42'),
     requestKey: idField('requestKey', 'order-42'),
     tenantId: idField('tenantId', 'acme'),
+    priority: z
+      .number({
+        error: (issue) =>
+          `must be an integer from -1000 to 1000 (higher goes first), e.g. priority: 10, got ${kindOf(issue.input)}`,
+      })
+      .optional(),
   },
   {
     error: (issue) =>
-      `the job data must be an object { plan, input?, runId?, requestKey?, tenantId? }, got ${kindOf(issue.input)}`,
+      `the job data must be an object { plan, input?, runId?, requestKey?, tenantId?, priority? }, got ${kindOf(issue.input)}`,
   },
 );
 
@@ -211,6 +222,7 @@ export async function processStartJob(core: RuntimeCore, job: StartJob): Promise
       ...(job.queueName === undefined ? {} : { queue: job.queueName }),
       ...(data.requestKey === undefined ? {} : { requestKey: data.requestKey }),
       ...(data.tenantId === undefined ? {} : { tenantId: data.tenantId }),
+      ...(data.priority === undefined ? {} : { priority: data.priority }),
     };
     try {
       const started = await launchRun(core, data.plan, data.input ?? null, options);

@@ -15,6 +15,7 @@ import type { Plan, PlanInput } from '../plan/schema.js';
 import { assertQueueName, assertRunId, assertTenantId } from '../persistence/keys.js';
 import { runExists } from '../persistence/run-lookups.js';
 import type { RuntimeCore } from '../actors/core.js';
+import { assertPriority } from '../actors/jobs.js';
 
 /** Options of `runtime.start`. */
 export interface StartOptions {
@@ -41,6 +42,24 @@ export interface StartOptions {
    * them. @defaultValue the runtime's `queueName`
    */
   queue?: string;
+  /**
+   * The run's priority: an integer from -1000 to 1000, higher goes first. Every unit of the run
+   * (its first, those its commits make due, retries, wake-ups, a sweep's) goes before the units of
+   * runs of lower priority waiting in the same queue; units already running are not interrupted.
+   * Recorded with the run. @defaultValue 0
+   */
+  priority?: number;
+}
+
+/** What a start adds to the usual path: a singleton key to record and to claim (see `singleton.ts`). */
+export interface LaunchHooks {
+  /** The singleton key the run holds, recorded in its meta (released when it ends). */
+  singleton?: string;
+  /**
+   * Called once every check passed and before the first write, with the run id: a run it returns
+   * is the start's result (nothing is created); null goes on.
+   */
+  claim?: (runId: string, tenantId: string) => Promise<LaunchedRun | null>;
 }
 
 /** What a start came to: the run, and whether this start created it. */
@@ -50,6 +69,8 @@ export interface LaunchedRun {
   created: boolean;
   /** For a run a request key led to: its status when it was found. */
   found?: RunStatus;
+  /** True when a singleton start found a live run of its key and started nothing. */
+  skipped?: boolean;
 }
 
 /** How a start hands its run's first work to the queue: tries, and the pause before the first retry. */
@@ -162,6 +183,43 @@ function checkCacheFlags(opts: StartOptions): Record<string, string> {
   return out;
 }
 
+/** What a start checked: the parsed plan and what goes into the run's meta. */
+export interface CheckedStart {
+  plan: Plan;
+  tenantId: string;
+  queue: string;
+  /** The meta fields that depend on the start's options (cache flags, priority). */
+  fields: Record<string, string>;
+}
+
+/**
+ * Every check of a start that needs no read: the plan, the input and its key inputs, the
+ * fallbacks, the cache flags, the tenant, the queue and the priority. Throws
+ * `InputValidationError` naming the field; writes nothing.
+ */
+export function checkStart(
+  core: RuntimeCore,
+  planSource: Plan | PlanInput | string,
+  input: unknown,
+  opts: StartOptions,
+): CheckedStart {
+  const plan = core.meta.plans.parse(planSource);
+  assertPlainJson(input, 'run input', 'input');
+  const missingKeys = keyInputIssues(plan, input);
+  if (missingKeys.length > 0) throw new InputValidationError('run input', missingKeys);
+  checkFallbacks(core, plan);
+  const fields = checkCacheFlags(opts);
+  if (opts.priority !== undefined) {
+    assertPriority(opts.priority);
+    if (opts.priority !== 0) fields['priority'] = String(opts.priority);
+  }
+  const tenantId = opts.tenantId ?? core.tenantId;
+  assertTenantId(tenantId);
+  const queue = opts.queue ?? core.queues.queueName;
+  assertQueueName(queue, 'queue');
+  return { plan, tenantId, queue, fields };
+}
+
 /**
  * Starts a run of `planSource` with `input`: the one start path, shared by `runtime.start` and the
  * worker's `start` job. Every check comes before the first write, so a refused start leaves Redis
@@ -179,20 +237,12 @@ export async function launchRun(
   input: unknown,
   opts: StartOptions,
   retried = false,
+  hooks: LaunchHooks = {},
 ): Promise<LaunchedRun> {
-  const plan = core.meta.plans.parse(planSource);
-  assertPlainJson(input, 'run input', 'input');
-  const missingKeys = keyInputIssues(plan, input);
-  if (missingKeys.length > 0) throw new InputValidationError('run input', missingKeys);
-  checkFallbacks(core, plan);
-  const cacheFlags = checkCacheFlags(opts);
-  const tenantId = opts.tenantId ?? core.tenantId;
-  assertTenantId(tenantId);
+  const { plan, tenantId, queue, fields } = checkStart(core, planSource, input, opts);
   let runId = opts.runId ?? randomUUID();
   assertRunId(runId);
   const requestKey = opts.requestKey;
-  const queue = opts.queue ?? core.queues.queueName;
-  assertQueueName(queue, 'queue');
   const at = core.clock();
   const meta = {
     plan: JSON.stringify(plan),
@@ -200,7 +250,8 @@ export async function launchRun(
     tenantId,
     requestKey: opts.requestKey ?? '',
     createdAt: String(at),
-    ...cacheFlags,
+    ...fields,
+    ...(hooks.singleton === undefined ? {} : { singleton: hooks.singleton }),
   };
   if (opts.runId !== undefined) {
     // A request key already claimed leads to its run below; else the run id must be new.
@@ -211,6 +262,10 @@ export async function launchRun(
       const found = await continueRun(core, runId);
       if (found !== null) return { runId, created: false, found };
     }
+  }
+  if (hooks.claim !== undefined) {
+    const held = await hooks.claim(runId, tenantId);
+    if (held !== null) return held;
   }
 
   if (requestKey !== undefined) {

@@ -22,6 +22,7 @@ import { coalesceWrites } from '../persistence/write-coalescing.js';
 import { duplicateClient } from '../persistence/connection.js';
 import type { RuntimeCore } from '../actors/core.js';
 import { JobName, type JobData, type JobSpec } from '../actors/jobs.js';
+import { processDebounceJob, type DebounceJobData } from './debounce-job.js';
 import { processStartJob } from './start-job.js';
 import { processScheduleJob, tendSchedules } from './schedule-firing.js';
 import { reconcileEnded } from './reconcile.js';
@@ -206,6 +207,13 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
           const result = await processScheduleJob(core, job);
           if (typeof result === 'string') return result;
           // A buffered fire whose previous run is still going: looked at again later.
+          await job.moveToDelayed(result.retryAt, token);
+          throw new DelayedError();
+        }
+        case JobName.debounce: {
+          const result = await processDebounceJob(core, job.data as unknown as DebounceJobData);
+          if (typeof result === 'string') return result;
+          // Later starts of the burst pushed its run back: looked at again then.
           await job.moveToDelayed(result.retryAt, token);
           throw new DelayedError();
         }

@@ -96,6 +96,8 @@ export async function deleteRuntimeKeys(prefix: string): Promise<void> {
     await deletePrefix(redis, `{${prefix}:workers}`);
     await deletePrefix(redis, `{${prefix}:rate:`);
     await deletePrefix(redis, `{${prefix}:conc:`);
+    await deletePrefix(redis, `{${prefix}:singletons:`);
+    await deletePrefix(redis, `{${prefix}:debounce:`);
   } finally {
     redis.disconnect();
   }

@@ -286,7 +286,8 @@ describe('a start job that runs again', () => {
       expect(await runtimeKeys(own)).toEqual(after);
       // One run, with one job for its first step (a second enqueue of it was a no-op).
       expect(await rt.list()).toHaveLength(1);
-      expect(await redis.llen(`${runQueue({ prefix: own }).prefix}:runs:wait`)).toBe(1);
+      // Every unit job has its run's priority: it waits in BullMQ's prioritized set.
+      expect(await redis.zcard(`${runQueue({ prefix: own }).prefix}:runs:prioritized`)).toBe(1);
       const w = rt.createWorker();
       const report = await (await rt.attach(runId)).settled({ timeoutMs: 10_000 });
       await w.close();

@@ -51,7 +51,7 @@ describe('start job data', () => {
       expect(refusal(data)).toEqual([
         {
           path: '',
-          message: `the job data must be an object { plan, input?, runId?, requestKey?, tenantId? }, got ${got}`,
+          message: `the job data must be an object { plan, input?, runId?, requestKey?, tenantId?, priority? }, got ${got}`,
         },
       ]);
     }
@@ -85,7 +85,7 @@ describe('start job data', () => {
   });
 
   it('refuses unknown fields, suggesting the field meant', () => {
-    const known = 'a start job takes plan, input, runId, requestKey, tenantId';
+    const known = 'a start job takes plan, input, runId, requestKey, tenantId, priority';
     expect(refusal({ plan, inptu: 1, Plan: 2, colour: 3 })).toEqual([
       { path: 'inptu', message: `unknown field; did you mean "input"? ${known}` },
       { path: 'Plan', message: `unknown field; did you mean "plan"? ${known}` },

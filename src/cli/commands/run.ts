@@ -94,7 +94,36 @@ function startSignalOf(v: Ctx['values'], requestKey: string | undefined): StartS
   return { name, payload, ...(v.id === undefined ? {} : { id: v.id }) };
 }
 
-/** `flujo run <job-module> [--input JSON] [--run-id ID] [--request-key K [--signal NAME [--data JSON] [--id ID]]] [--concurrency N] [--json]` */
+/** `--priority N`: an integer from -1000 to 1000 (higher goes first). */
+function parsePriority(text: string | undefined): number | undefined {
+  if (text === undefined) return undefined;
+  const n = Number(text);
+  if (!/^-?\d+$/.test(text) || n < -1000 || n > 1000) {
+    badInput(
+      `--priority "${text}" is not an integer from -1000 to 1000 (higher goes first, 0 by default); pass e.g. --priority 10`,
+    );
+  }
+  return n;
+}
+
+/** `--singleton KEY[:skip|cancel_previous]`: the run's singleton key and mode. */
+function parseSingleton(
+  text: string | undefined,
+): { key: string; mode: 'skip' | 'cancel_previous' } | undefined {
+  if (text === undefined) return undefined;
+  const colon = text.lastIndexOf(':');
+  const tail = colon < 0 ? '' : text.slice(colon + 1);
+  const moded = tail === 'skip' || tail === 'cancel_previous';
+  const key = moded ? text.slice(0, colon) : text;
+  if (key === '' || key.length > 512) {
+    badInput(
+      `--singleton "${text}" needs a key of 1 to 512 characters, then optionally :skip or :cancel_previous; pass e.g. --singleton inbox-42:skip`,
+    );
+  }
+  return { key, mode: moded ? tail : 'skip' };
+}
+
+/** `flujo run <job-module> [--input JSON] [--run-id ID] [--request-key K [--signal NAME [--data JSON] [--id ID]]] [--priority N] [--singleton KEY[:MODE]] [--concurrency N] [--json]` */
 export async function cmdRun(ctx: Ctx): Promise<number> {
   const v = ctx.values;
   if (ctx.args.length > 1) badInput(`unexpected argument "${ctx.args[1]}"; see \`flujo --help\``);
@@ -110,6 +139,8 @@ export async function cmdRun(ctx: Ctx): Promise<number> {
     badInput('--request-key must be 1 to 512 characters; pass e.g. --request-key order-1234');
   }
   const signal = startSignalOf(v, requestKey);
+  const priority = parsePriority(v.priority);
+  const singleton = parseSingleton(v.singleton);
   const job = await loadJobModule(ctx.args[0], ctx.cwd);
   const json = v.json === true;
 
@@ -127,6 +158,8 @@ export async function cmdRun(ctx: Ctx): Promise<number> {
         ...(runId === undefined ? {} : { runId }),
         ...(requestKey === undefined ? {} : { requestKey }),
         ...(signal === undefined ? {} : { signal }),
+        ...(priority === undefined ? {} : { priority }),
+        ...(singleton === undefined ? {} : { singleton }),
       });
       if (handle.created) await recordRunModule(conn, handle.runId, job.file);
       const flags = repeatFlags(v);
@@ -140,6 +173,8 @@ export async function cmdRun(ctx: Ctx): Promise<number> {
             runId: handle.runId,
             created: handle.created,
             ...(handle.signal === undefined ? {} : { signal: handle.signal }),
+            ...(handle.skipped === true ? { skipped: true } : {}),
+            ...(handle.cancelled === undefined ? {} : { cancelled: handle.cancelled }),
             resume,
             ...(note === undefined ? {} : { note }),
           }),
@@ -147,8 +182,13 @@ export async function cmdRun(ctx: Ctx): Promise<number> {
       } else {
         const how = handle.created
           ? `plan "${job.plan.name}"`
-          : `existing run of request key "${requestKey}"`;
+          : handle.skipped === true
+            ? `live run of singleton key "${singleton?.key}": nothing started`
+            : `existing run of request key "${requestKey}"`;
         console.log(`run ${handle.runId} (${how})`);
+        if (handle.cancelled !== undefined) {
+          console.log(`cancelled run ${handle.cancelled} (singleton key "${singleton?.key}")`);
+        }
         if (handle.signal !== undefined) {
           console.log(
             `signal "${handle.signal.name}" #${handle.signal.index + 1} of its name sent to it${handle.signal.duplicate ? ' (sent before with this id)' : ''}`,
