@@ -14,6 +14,7 @@ import { resolveCacheLimits } from '../persistence/cache-store.js';
 import { createModelContext, type ModelContext } from '../execution/model-context.js';
 import { createUsageMeter, type UsageMeter } from '../execution/usage-meter.js';
 import type { RunEvent } from '../schemas/events.js';
+import { journaledReplyOf } from './unit-start.js';
 import { RuntimeMeta } from './runtime-meta.js';
 import { RuntimeQueues } from './runtime-queues.js';
 import { RuntimeRegistry } from './runtime-registry.js';
@@ -285,6 +286,13 @@ export class RuntimeCore {
       counterFor: (model) => this.registry.tokens(model),
       flush: () => flushWrites(this.redis),
     });
+    // A run that ended with reservations open (a worker died mid-call): settled at its end.
+    this.meta.settleOpen = (runId, meta) =>
+      this.meter.settle({ tenantId: meta.tenantId, runId }, (r) => {
+        const step = meta.plan.steps.find((s) => s.id === r.stepId);
+        const mode = step?.kind === 'agent' && step.mode === 'granular' ? 'granular' : 'atomic';
+        return journaledReplyOf(this, runId, mode, r);
+      });
     this.context = createModelContext({
       counterFor: (model) => this.registry.tokens(model),
       blobs: this.stores.blobs,

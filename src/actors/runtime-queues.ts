@@ -166,7 +166,9 @@ export class RuntimeQueues {
     const { snapshot } = envelope;
     const jobs = await this.#dueUncarried(runId, envelope, self);
     if (jobs.length > 0) await this.add(jobs);
-    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#meta.ended(runId);
+    if (snapshot.status !== 'active' || snapshot.value === 'failed') {
+      await this.#meta.ended(runId, String(snapshot.value));
+    }
   }
 
   /** The jobs the run's snapshot says are due, but a unit an active carrier runs (see above). */
@@ -230,7 +232,9 @@ export class RuntimeQueues {
       ),
       jobs.length > 0 ? this.add(jobs) : undefined,
     ]);
-    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#meta.ended(runId);
+    if (snapshot.status !== 'active' || snapshot.value === 'failed') {
+      await this.#meta.ended(runId, String(snapshot.value));
+    }
     if (finished.length === 0 || (await version(runId)) !== envelope.version) return [];
     await this.redriveDue(runId, envelope);
     return finished;
@@ -320,7 +324,9 @@ export class RuntimeQueues {
     if (!applied.committed) return this.enqueueDue(runId, applied.envelope);
     const jobs = plannedJobs(runId, snapshot, applied.transition.planned, this.#clock());
     if (jobs.length > 0) await this.add(jobs);
-    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#meta.ended(runId);
+    if (snapshot.status !== 'active' || snapshot.value === 'failed') {
+      await this.#meta.ended(runId, String(snapshot.value));
+    }
   }
 
   /**

@@ -24,6 +24,7 @@ import { createQuotaStore, type QuotaStore } from '../persistence/quota-store.js
 import { createSnapshotStore, type SnapshotStore } from '../persistence/snapshot-store.js';
 import { createRunIndex, type RunIndex } from '../persistence/run-index.js';
 import { createActiveRuns, type ActiveRuns } from '../persistence/active-runs.js';
+import { createRunEnd, type RunEnd } from '../persistence/run-end.js';
 import { createRunCounters, type RunCounters } from '../persistence/run-counters.js';
 import { createRequestKeys, type RequestKeys } from '../persistence/request-keys.js';
 import { createUnitNotes, type UnitNotes } from '../persistence/unit-notes.js';
@@ -88,6 +89,8 @@ export class RuntimeStores {
   readonly blobs: BlobStore;
   /** The expiry of finished runs' keys, and what was removed. */
   readonly retention: RetentionStore;
+  /** A run's end: its expiry, the active runs, the run list, its open reservations. */
+  readonly runEnd: RunEnd;
   /** Cached step outputs (`cachePolicy`), shared by a tenant's runs. */
   readonly cache: CacheStore;
 
@@ -139,6 +142,14 @@ export class RuntimeStores {
       finishedRunsMs: options.retention.finishedRunsMs,
       failedRunsMs: options.retention.failedRunsMs,
       blobRetentionMs: options.blobs.retentionMs ?? DEFAULT_BLOB_RETENTION_MS,
+      clock,
+    });
+    this.runEnd = createRunEnd({
+      redis,
+      keys,
+      retention: this.retention,
+      activeRuns: this.activeRuns,
+      runs: this.runs,
       clock,
     });
     this.cache = createCacheStore({ ...stores, ...options.cacheLimits });

@@ -32,7 +32,6 @@ import { runWaitUnit } from './wait.js';
 import { skipIfUntaken } from './condition.js';
 import {
   admitUnit,
-  afterCommit,
   agentUnit,
   attemptLimit,
   commitUnit,
@@ -107,7 +106,6 @@ export async function runStepUnit(
   // 5. Next.
   if (next !== null) return nextUnit(host, next, applied, chain, result.kind);
   await core.queues.enqueuePlanned(runId, applied);
-  await afterCommit(host, runId, meta, applied.transition.status);
   return result.kind;
 }
 

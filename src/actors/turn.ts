@@ -80,7 +80,6 @@ import { interruptMessage } from './runtime-queues.js';
 import { startUnit } from './unit-start.js';
 import {
   admitUnit,
-  afterCommit,
   agentUnit,
   attemptLimit,
   commitUnit,
@@ -311,7 +310,6 @@ async function commitFailedTurn(
   );
   notifyFailures(host, runId, [failure], applied, data.turn);
   await core.queues.enqueueDue(runId, applied.envelope, chain.self);
-  await afterCommit(host, runId, c.admitted.meta, applied.transition.status);
   return 'failed';
 }
 
@@ -383,7 +381,7 @@ function turnEvents(
 async function commitTurn(host: UnitHost, c: TurnCommit, result: TurnResult): Promise<UnitOutcome> {
   const { core } = host;
   const { data, env, unit, chain } = c;
-  const { state, meta } = c.admitted;
+  const { state } = c.admitted;
   const step = c.admitted.step as AgentStep;
   const { runId } = data;
   const stepId = data.stepId!;
@@ -436,7 +434,6 @@ async function commitTurn(host: UnitHost, c: TurnCommit, result: TurnResult): Pr
       return going;
     }
     await core.queues.enqueueDue(runId, applied.envelope, chain.self);
-    await afterCommit(host, runId, meta, applied.transition.status);
     return ended;
   } finally {
     // Release: whatever this unit does not hand on to the next turn, its reservation.

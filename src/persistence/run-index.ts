@@ -30,6 +30,11 @@ export interface RunIndex {
   has(runId: string): Promise<boolean>;
   /** Notes that a run ended with `status` at `at`. */
   ended(runId: string, status: string, at: number): Promise<void>;
+  /**
+   * Notes that a run ended with `status` at `at` unless an end is noted already (a run's end path
+   * may run again for one end: the first one noted stays; a resume forgets it).
+   */
+  endedOnce(runId: string, status: string, at: number): Promise<void>;
   /** Forgets a run's end (it was resumed). */
   reopened(runId: string): Promise<void>;
   /** Entries newest first with `createdAt` in `[since, until]`, from position `offset`. */
@@ -97,6 +102,9 @@ export function createRunIndex(redis: Redis, keys: Keys): RunIndex {
     },
     async ended(runId, status, at) {
       await redis.hset(info, endField(runId), `${status} ${at}`);
+    },
+    async endedOnce(runId, status, at) {
+      await redis.hsetnx(info, endField(runId), `${status} ${at}`);
     },
     async reopened(runId) {
       await redis.hdel(info, endField(runId));
