@@ -315,6 +315,7 @@ export class RuntimeCore {
       queueName: options.queueName ?? DEFAULT_QUEUE_NAME,
       clock: this.clock,
       meta: this.meta,
+      finishedRunsMs: retention.finishedRunsMs,
     });
   }
 

@@ -72,6 +72,12 @@ export interface RuntimeQueuesOptions {
   clock: () => number;
   /** The runs' metadata: a run that ended gets its expiry from it. */
   meta: RuntimeMeta;
+  /**
+   * How long finished runs are kept (`retention.finishedRunsMs`): a finished job is kept no longer
+   * (its run is gone then, and a job added again under its id finds nothing to do). @defaultValue
+   * a day
+   */
+  finishedRunsMs?: number;
 }
 
 /**
@@ -95,6 +101,8 @@ export class RuntimeQueues {
   readonly #clock: () => number;
   readonly #meta: RuntimeMeta;
   readonly #inbox: InboxStore;
+  readonly #jobDefaults: typeof JOB_DEFAULTS;
+  readonly #finishedRunsMs: number | undefined;
 
   /** Opens nothing: the queue, the subscriber and the watcher are made on first use. */
   constructor(options: RuntimeQueuesOptions) {
@@ -107,6 +115,15 @@ export class RuntimeQueues {
     this.#meta = options.meta;
     this.channels = createRunChannels(options.redis, options.keys);
     this.#inbox = createInboxStore(options.redis, options.keys);
+    this.#finishedRunsMs = options.finishedRunsMs;
+    const keptS = Math.ceil((options.finishedRunsMs ?? Infinity) / 1000);
+    this.#jobDefaults =
+      keptS >= JOB_DEFAULTS.removeOnComplete.age
+        ? JOB_DEFAULTS
+        : {
+            ...JOB_DEFAULTS,
+            removeOnComplete: { ...JOB_DEFAULTS.removeOnComplete, age: keptS },
+          };
   }
 
   /**
@@ -124,7 +141,7 @@ export class RuntimeQueues {
       queue = new Queue(name, {
         connection: this.#queueConnection,
         prefix: this.#keys.queuePrefix(),
-        defaultJobOptions: JOB_DEFAULTS,
+        defaultJobOptions: this.#jobDefaults,
       });
       queue.on('error', () => {});
       this.#queues.set(name, queue);
@@ -352,6 +369,17 @@ export class RuntimeQueues {
         await queue.addBulk(list.map((j) => ({ name: j.name, data: j.data, opts: j.opts })));
       }
     }
+  }
+
+  /**
+   * Removes the completed jobs of queue `name` older than finished runs are kept (at most 1,000),
+   * when that is less than a day: BullMQ removes them only as later jobs complete, so the last ones
+   * before a quiet spell would stay. Nothing with the default retention.
+   */
+  async cleanCompleted(name: string): Promise<void> {
+    const kept = this.#finishedRunsMs;
+    if (kept === undefined || kept >= JOB_DEFAULTS.removeOnComplete.age * 1000) return;
+    await this.queueNamed(name).clean(kept, 1000, 'completed');
   }
 
   /** Schedules the run's wall-clock deadline, if its plan has one. */

@@ -44,7 +44,7 @@ export interface RuntimeStoresOptions {
   /** The blob store's options (`CoreOptions.blobs` but its `cacheBytes`). */
   blobs: Pick<BlobStoreOptions, 'retentionMs' | 'maxBytesPerRun'>;
   /** How long finished and failed runs are kept, as checked. */
-  retention: { finishedRunsMs: number; failedRunsMs: number | null };
+  retention: { finishedRunsMs: number; failedRunsMs: number | null; tombstoneMs: number };
   /** How long a run that ended is noted for the sweeps to check (`CoreOptions.endedRunsCheckMs`), as checked. */
   endedRunsCheckMs: number;
   /** The step cache's limits, as checked. */
@@ -117,7 +117,7 @@ export class RuntimeStores {
       clock,
       ...(replicas === undefined ? {} : { replicas }),
     });
-    this.runs = createRunIndex(redis, keys);
+    this.runs = createRunIndex(redis, keys, clock);
     this.activeRuns = createActiveRuns(redis, keys, {
       endedWindowMs: options.endedRunsCheckMs,
       clock,
@@ -141,6 +141,7 @@ export class RuntimeStores {
       keys,
       finishedRunsMs: options.retention.finishedRunsMs,
       failedRunsMs: options.retention.failedRunsMs,
+      tombstoneMs: options.retention.tombstoneMs,
       blobRetentionMs: options.blobs.retentionMs ?? DEFAULT_BLOB_RETENTION_MS,
       clock,
     });

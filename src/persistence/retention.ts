@@ -25,7 +25,7 @@ import { classifyRedisError } from './redis-errors.js';
 /** How long finished runs are kept by default: 7 days. */
 export const DEFAULT_FINISHED_RUNS_MS = 7 * 24 * 60 * 60 * 1000;
 
-/** How much longer than the run its tombstone is kept: 30 days. */
+/** How much longer than the run its tombstone is kept by default: 30 days. */
 export const TOMBSTONE_EXTRA_MS = 30 * 24 * 60 * 60 * 1000;
 
 /** Options of retention (`createRuntime({ retention })`). */
@@ -41,6 +41,12 @@ export interface RetentionOptions {
    * none: failed runs are kept
    */
   failedRunsMs?: number;
+  /**
+   * How long a removed run's tombstone outlives its keys, in ms: while it is there, asking for the
+   * run says it was removed (`RunRemovedError`) rather than unknown (`RunNotFoundError`).
+   * @defaultValue 30 days
+   */
+  tombstoneMs?: number;
 }
 
 /** What a run was started with, as far as its keys go. */
@@ -114,6 +120,8 @@ export interface RetentionStoreOptions {
   finishedRunsMs?: number;
   /** @defaultValue null: failed runs are kept */
   failedRunsMs?: number | null;
+  /** @defaultValue {@link TOMBSTONE_EXTRA_MS} */
+  tombstoneMs?: number;
   /**
    * The expiry blobs have while their run goes on (set back on `keep`); null: none (they go with
    * the run). @defaultValue null
@@ -131,8 +139,15 @@ export interface RetentionStoreOptions {
 export function parseRetentionOptions(value: unknown): {
   finishedRunsMs: number;
   failedRunsMs: number | null;
+  tombstoneMs: number;
 } {
-  if (value === undefined) return { finishedRunsMs: DEFAULT_FINISHED_RUNS_MS, failedRunsMs: null };
+  if (value === undefined) {
+    return {
+      finishedRunsMs: DEFAULT_FINISHED_RUNS_MS,
+      failedRunsMs: null,
+      tombstoneMs: TOMBSTONE_EXTRA_MS,
+    };
+  }
   if (typeof value !== 'object' || value === null || Array.isArray(value)) {
     throw new InputValidationError('runtime options', [
       {
@@ -144,7 +159,10 @@ export function parseRetentionOptions(value: unknown): {
   const issues: ValidationIssue[] = [];
   const got = (ms: unknown) =>
     typeof ms === 'number' ? String(ms) : ms === null ? 'null' : typeof ms;
-  const check = (field: 'finishedRunsMs' | 'failedRunsMs', example: string): number | null => {
+  const check = (
+    field: 'finishedRunsMs' | 'failedRunsMs' | 'tombstoneMs',
+    example: string,
+  ): number | null => {
     const ms: unknown = (value as Record<string, unknown>)[field];
     if (ms === undefined) return null;
     if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 1) {
@@ -161,8 +179,13 @@ export function parseRetentionOptions(value: unknown): {
     'failedRunsMs',
     '30 * 24 * 3600 * 1000 for 30 days (or left out: failed runs are kept until resumed)',
   );
+  const tombstoneMs = check('tombstoneMs', '30 * 24 * 3600 * 1000 for 30 days');
   if (issues.length > 0) throw new InputValidationError('runtime options', issues);
-  return { finishedRunsMs: finishedRunsMs ?? DEFAULT_FINISHED_RUNS_MS, failedRunsMs };
+  return {
+    finishedRunsMs: finishedRunsMs ?? DEFAULT_FINISHED_RUNS_MS,
+    failedRunsMs,
+    tombstoneMs: tombstoneMs ?? TOMBSTONE_EXTRA_MS,
+  };
 }
 
 const BLOB_ACCOUNTING_FIELDS = new Set(['bytes', 'count']);
@@ -231,6 +254,7 @@ export function createRetentionStore(options: RetentionStoreOptions): RetentionS
   const { redis, keys } = options;
   const finishedRunsMs = options.finishedRunsMs ?? DEFAULT_FINISHED_RUNS_MS;
   const failedRunsMs = options.failedRunsMs ?? null;
+  const tombstoneMs = options.tombstoneMs ?? TOMBSTONE_EXTRA_MS;
   const blobRetentionMs = options.blobRetentionMs ?? null;
   const clock = options.clock ?? Date.now;
   const sources: RunKeySource[] = [];
@@ -312,7 +336,7 @@ export function createRetentionStore(options: RetentionStoreOptions): RetentionS
           snap,
           ...run.filter((k) => k !== snap),
           String(ms),
-          String(ms + TOMBSTONE_EXTRA_MS),
+          String(ms + tombstoneMs),
           JSON.stringify(tombstone),
           failed ? 'failed' : 'finished',
         );

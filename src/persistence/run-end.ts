@@ -194,7 +194,7 @@ export function createRunEnd(options: RunEndOptions): RunEnd {
       const [expired] = await Promise.all([
         expiring,
         leaving,
-        runs.endedOnce(runId, status, at).catch(() => {}), // healed by the list if lost
+        runs.endedOnce(runId, status, at, ms).catch(() => {}), // healed by the list if lost
       ]);
       // Resumed meanwhile: the keys of other slots (and its list entry) go on without an expiry.
       if (expired === 0) {
