@@ -79,6 +79,8 @@ try {
   const options = {
     redis: server.url,
     prefix,
+    // A shared machine under load can hold a reply for seconds: no deadline makes a start fail.
+    redisTimeoutMs: 120_000,
     // The notes of ended runs are checked for less time than a run's tombstone lives.
     retention: { finishedRunsMs: RETENTION_MS, tombstoneMs: 2 * RETENTION_MS },
     endedRunsCheckMs: 1.5 * RETENTION_MS,
@@ -91,6 +93,7 @@ try {
   const { keys } = runtimeCore(runtime).stores;
   let started = 0;
   let failed = 0;
+  const failures = new Set<string>();
 
   /** Starts runs at RATE a second until `until` have been started. */
   const startUntil = async (until: number): Promise<void> => {
@@ -102,8 +105,9 @@ try {
       while (started < Math.min(due, until)) {
         started++;
         pending.push(
-          caller.start(plan, { n: started }).catch(() => {
+          caller.start(plan, { n: started }).catch((error: unknown) => {
             failed++;
+            if (failures.size < 3) failures.add(String(error));
           }),
         );
       }
@@ -125,7 +129,13 @@ try {
     await sleep(100);
     global.gc?.();
     const memory = process.memoryUsage();
-    return { rss: memory.rss, heap: memory.heapUsed, redis: await redisBytes(redis) };
+    return {
+      rss: memory.rss,
+      heap: memory.heapUsed,
+      heapTotal: memory.heapTotal,
+      external: memory.external,
+      redis: await redisBytes(redis),
+    };
   };
 
   console.log(
@@ -137,7 +147,7 @@ try {
   const last = await checkpoint();
   const show = (label: string, c: typeof first) => {
     console.log(
-      `\nafter ${label} runs: RSS ${mib(c.rss)}, live heap ${mib(c.heap)}${global.gc === undefined ? ' (without --expose-gc: rough)' : ''}; Redis ${c.redis.total} bytes (+ BullMQ's event stream ${c.redis.events})`,
+      `\nafter ${label} runs: RSS ${mib(c.rss)}, live heap ${mib(c.heap)} of ${mib(c.heapTotal)}, external ${mib(c.external)}${global.gc === undefined ? ' (without --expose-gc: rough)' : ''}; Redis ${c.redis.total} bytes (+ BullMQ's event stream ${c.redis.events})`,
     );
     const rows = [...c.redis.kinds].sort((a, b) => b[1].bytes - a[1].bytes).slice(0, 12);
     for (const [kind, k] of rows)
@@ -147,8 +157,11 @@ try {
   };
   show(String(FIRST), first);
   show(String(RUNS), last);
-  if (failed > 0) console.log(`\n${failed} starts failed`);
-  console.log(`\nworker RSS ${RUNS} vs ${FIRST} runs ratio: ${(last.rss / first.rss).toFixed(2)}`);
+  if (failed > 0) console.log(`\n${failed} starts failed: ${[...failures].join('; ')}`);
+  console.log(
+    `\nworker live heap ${RUNS} vs ${FIRST} runs ratio: ${(last.heap / first.heap).toFixed(2)}`,
+  );
+  console.log(`worker RSS ${RUNS} vs ${FIRST} runs ratio: ${(last.rss / first.rss).toFixed(2)}`);
   console.log(
     `Redis bytes per finished run after retention: ${((last.redis.total - first.redis.total) / Math.max(1, RUNS - FIRST)).toFixed(1)}`,
   );
