@@ -132,6 +132,8 @@ export class RuntimeMeta {
       status as EndedStatus,
     );
     if (open.length > 0 && status !== 'cancelled') await this.settleOpen?.(runId, meta);
+    // Its units are done: a late one reads the meta again.
+    this.#metaCache.delete(runId);
   }
 
   /** A resumed run: it keeps its keys again (no expiry). */
