@@ -49,6 +49,8 @@ const CLUSTER_SUITES = [
   'retention',
   'run-actor-restore',
   'run-events',
+  'run-end',
+  'followers',
   'run-list',
   'run-stores',
   'runtime',

@@ -20,6 +20,10 @@
  *   BENCH_REPS=5 BENCH_RUNS=200 npm run bench:steps
  *   BENCH_ONLY=growth BENCH_GROWTH_RUNS=3 npm run bench:steps
  *   BENCH_ONLY=width npm run bench:steps
+ *   BENCH_ONLY=follow npm run bench:steps
+ *
+ * Then followers: 8 runs of 100 steps returning 20 KB at once, waited for by `settled()` or
+ * followed by `outcomes({ follow: true })`, as `follow vs settled ratio (8 × 100 × 20 KB): <x>`.
  *
  * Then width: fan-out runs (a root, independent leaves, a join) of 100 and 1,000 steps, one at a
  * time, as `fan-out 1000 vs 100 per-step cost ratio: <x>` (1.0: a step costs the same however many
@@ -431,6 +435,68 @@ async function growth(): Promise<void> {
   }
 }
 
+/**
+ * 8 runs of 100 steps returning 20 KB each, started at once (a worker of concurrency 8), each
+ * waited for by `settled()` or followed to its end by `outcomes({ follow: true })` from another
+ * runtime in the same process (as a caller that is not the worker would). Returns ms from the
+ * first start to the last end.
+ */
+async function waitedRuns(url: string, how: 'settled' | 'follow'): Promise<number> {
+  const prefix = `f${randomUUID().slice(0, 6)}`;
+  // A shared machine under load can hold a reply for seconds: no deadline makes a figure fail.
+  const runtime = createRuntime({ redis: url, prefix, redisTimeoutMs: 120_000 });
+  runtime.operator('big', ({ stepId }) => ({ stepId, text: stepId.padEnd(OUTPUT_BYTES, '.') }));
+  const worker = runtime.createWorker({ concurrency: 8, recoverOnStart: false });
+  const caller = createRuntime({ redis: url, prefix, redisTimeoutMs: 120_000 });
+  await worker.ready();
+  const plan = bigLine(100);
+  const t0 = performance.now();
+  await Promise.all(
+    Array.from({ length: 8 }, async () => {
+      const run = await caller.start(plan, null);
+      if (how === 'settled') {
+        if ((await run.settled()).status !== 'succeeded') throw new Error('run did not succeed');
+        return;
+      }
+      let succeeded = 0;
+      for await (const o of run.outcomes({ follow: true })) if (o.type === 'success') succeeded++;
+      if (succeeded !== 100) throw new Error(`followed ${succeeded} successes, not 100`);
+    }),
+  );
+  const ms = performance.now() - t0;
+  await worker.close();
+  await caller.close();
+  await runtime.close();
+  return ms;
+}
+
+/** `follow vs settled ratio (8 × 100 × 20 KB):`, the two interleaved, the medians compared. */
+async function followers(): Promise<void> {
+  const server = await startRedisServer(['--appendonly', 'yes', '--appendfsync', 'everysec']);
+  try {
+    await waitedRuns(server.url, 'settled'); // warm-up
+    await waitedRuns(server.url, 'follow');
+    const settled: number[] = [];
+    const follow: number[] = [];
+    for (let rep = 0; rep < Math.max(REPS, 3); rep++) {
+      settled.push(await waitedRuns(server.url, 'settled'));
+      follow.push(await waitedRuns(server.url, 'follow'));
+    }
+    console.log(`\nFollowers: 8 runs of 100 steps returning 20 KB at once, AOF everysec`);
+    console.log(
+      `  settled()                       ${median(settled).toFixed(0)} ms  (${spread(settled)})`,
+    );
+    console.log(
+      `  outcomes({ follow: true })      ${median(follow).toFixed(0)} ms  (${spread(follow)})`,
+    );
+    console.log(
+      `follow vs settled ratio (8 × 100 × 20 KB): ${(median(follow) / median(settled)).toFixed(2)}`,
+    );
+  } finally {
+    await server.stop();
+  }
+}
+
 /** A fan-out plan: a root, `leaves` independent steps after it, and a join after them all. */
 function fanOut(leaves: number): PlanInput {
   return {
@@ -519,16 +585,19 @@ console.log(
   }
 }
 
-// BENCH_ONLY=growth (or width) runs those figures alone; BENCH_SETTLED_ONLY=1 only the settled()
-// latency above.
+// BENCH_ONLY=growth (or width, or follow) runs those figures alone; BENCH_SETTLED_ONLY=1 only the
+// settled() latency above.
 if (process.env['BENCH_ONLY'] === 'growth') {
   await growth();
+} else if (process.env['BENCH_ONLY'] === 'follow') {
+  await followers();
 } else if (process.env['BENCH_ONLY'] === 'width') {
   await width();
 } else if (process.env['BENCH_SETTLED_ONLY'] !== '1') {
   await measure('always');
   const everysec = await measure('everysec');
   await growth();
+  await followers();
   await width();
   console.log(`\nsteps/s at concurrency 32: ${everysec.toFixed(0)}`);
 }

@@ -9,7 +9,6 @@ import { CONDITION_FALSE, conditionHolds } from '../plan/condition.js';
 import type { RunEvent } from '../schemas/events.js';
 import type { JobData } from './jobs.js';
 import {
-  afterCommit,
   commitUnit,
   nextUnit,
   outputsOf,
@@ -49,7 +48,7 @@ export async function skipIfUntaken(
 ): Promise<UnitOutcome | null> {
   if (!tested(admitted)) return null;
   const { core } = host;
-  const { env, meta, step } = admitted;
+  const { env, step } = admitted;
   const when = step.when!;
   const { runId } = data;
   const outputs = await outputsOf(core, runId, env, [when.step]);
@@ -69,6 +68,5 @@ export async function skipIfUntaken(
   debugPoint(DebugPoint.afterCommit, stepId);
   if (next !== null) return nextUnit(host, next, applied, chain, 'skipped');
   await core.queues.enqueuePlanned(runId, applied);
-  await afterCommit(host, runId, meta, applied.transition.status);
   return 'skipped';
 }

@@ -21,6 +21,7 @@ import {
 } from '../execution/rate-limits.js';
 import { createRateLimitStore } from '../persistence/rate-limit-store.js';
 import type { RunEvent } from '../schemas/events.js';
+import { journaledReplyOf } from './unit-start.js';
 import { RuntimeMeta } from './runtime-meta.js';
 import { RuntimeQueues } from './runtime-queues.js';
 import { RuntimeRegistry } from './runtime-registry.js';
@@ -318,6 +319,13 @@ export class RuntimeCore {
             estimate: (agent, messages) => meter.estimateTokens(agent, messages),
             log: this.log,
           });
+    // A run that ended with reservations open (a worker died mid-call): settled at its end.
+    this.meta.settleOpen = (runId, meta) =>
+      this.meter.settle({ tenantId: meta.tenantId, runId }, (r) => {
+        const step = meta.plan.steps.find((s) => s.id === r.stepId);
+        const mode = step?.kind === 'agent' && step.mode === 'granular' ? 'granular' : 'atomic';
+        return journaledReplyOf(this, runId, mode, r);
+      });
     this.context = createModelContext({
       counterFor: (model) => this.registry.tokens(model),
       blobs: this.stores.blobs,
@@ -340,6 +348,7 @@ export class RuntimeCore {
       queueName: options.queueName ?? DEFAULT_QUEUE_NAME,
       clock: this.clock,
       meta: this.meta,
+      finishedRunsMs: retention.finishedRunsMs,
     });
   }
 

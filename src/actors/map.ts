@@ -28,7 +28,6 @@ import type { SnapshotEnvelope } from '../persistence/codec.js';
 import type { RunEvent } from '../schemas/events.js';
 import { itemJob, type JobData } from './jobs.js';
 import {
-  afterCommit,
   commitUnit,
   failed,
   nextUnit,
@@ -64,7 +63,6 @@ async function commitMapEvents(
   debugPoint(DebugPoint.afterCommit, data.stepId);
   if (next !== null) return nextUnit(host, next, applied, chain, ended);
   await core.queues.enqueuePlanned(runId, applied);
-  await afterCommit(host, runId, admitted.meta, applied.transition.status);
   return ended;
 }
 

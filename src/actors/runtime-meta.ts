@@ -5,6 +5,9 @@ import type { Plan } from '../plan/schema.js';
 import type { RunCacheOptions } from '../execution/step-cache.js';
 import { replayOriginOf, type ReplayOrigin } from '../execution/replay-calls.js';
 import type { RuntimeStores } from './runtime-stores.js';
+import type { EndedStatus } from '../persistence/run-end.js';
+
+const ENDED_STATUSES: ReadonlySet<string> = new Set(['succeeded', 'failed', 'cancelled']);
 
 /** What a run was started with, as stored beside it. */
 export interface RunMeta {
@@ -108,28 +111,45 @@ export class RuntimeMeta {
   }
 
   /**
-   * A run that ended (succeeded, failed, cancelled): its keys get their expiry (none for a failed
-   * run without `retention.failedRunsMs`: it is kept until resumed), its singleton key (if it
-   * holds one) is released, then it leaves the active
-   * runs either way (a failed run that is resumed joins them again), noted among the runs that
-   * ended lately in the same script (which the sweeps check for a run whose end was taken back).
-   * In that order: a crash in between leaves it active, so the next sweep (or a redelivered job)
-   * comes here again and finishes the job.
+   * Settles the usage reservations a run that succeeded or failed left open (a worker that died
+   * mid-call), when its end finds some (set by the runtime core: its usage meter).
    */
-  async ended(runId: string): Promise<void> {
+  settleOpen: ((runId: string, meta: RunMeta) => Promise<void>) | undefined;
+
+  /**
+   * A run that ended (succeeded, failed, cancelled: `status`, as the caller's snapshot says): its
+   * singleton key (if it holds one) is released first, then its keys get their expiry (none for a
+   * failed run without `retention.failedRunsMs`: it is kept until resumed), it leaves the active runs either
+   * way (a failed run that is resumed joins them again), noted among the runs that ended lately,
+   * its end is noted in the run list, and the reservations it left open are settled (none in the
+   * common case). Two round trips (`persistence/run-end.ts`, which says what a crash between
+   * them leaves): a redelivered job or the next sweep comes here again and finishes the job.
+   */
+  async ended(runId: string, status: string): Promise<void> {
     const meta = await this.read(runId);
-    await this.#stores.retention.expireFinished(runId, {
-      tenantId: meta.tenantId,
-      stepIds: meta.plan.steps.map((s) => s.id),
-      mapStepIds: meta.plan.steps.filter((s) => s.kind === 'map').map((s) => s.id),
-      requestKey: meta.requestKey === '' ? null : meta.requestKey,
-    });
     // Its singleton key is free for the next start; before it leaves the active runs, so that a
     // crash in between is finished by a sweep (and a start that finds the holder ended clears it).
-    if (meta.singleton !== null) {
+    if (meta.singleton !== null && ENDED_STATUSES.has(status)) {
       await this.#stores.singletons.release(meta.tenantId, meta.singleton, runId);
     }
-    await this.#stores.activeRuns.ended(runId);
+    if (!ENDED_STATUSES.has(status)) {
+      // Not a status a run ends with: only the active runs are told.
+      await this.#stores.activeRuns.ended(runId);
+      return;
+    }
+    const { open } = await this.#stores.runEnd.end(
+      runId,
+      {
+        tenantId: meta.tenantId,
+        stepIds: meta.plan.steps.map((s) => s.id),
+        mapStepIds: meta.plan.steps.filter((s) => s.kind === 'map').map((s) => s.id),
+        requestKey: meta.requestKey === '' ? null : meta.requestKey,
+      },
+      status as EndedStatus,
+    );
+    if (open.length > 0 && status !== 'cancelled') await this.settleOpen?.(runId, meta);
+    // Its units are done: a late one reads the meta again.
+    this.#metaCache.delete(runId);
   }
 
   /** A resumed run: it keeps its keys again (no expiry). */

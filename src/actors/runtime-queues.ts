@@ -83,6 +83,12 @@ export interface RuntimeQueuesOptions {
   clock: () => number;
   /** The runs' metadata: a run that ended gets its expiry from it. */
   meta: RuntimeMeta;
+  /**
+   * How long finished runs are kept (`retention.finishedRunsMs`): a finished job is kept no longer
+   * (its run is gone then, and a job added again under its id finds nothing to do). @defaultValue
+   * a day
+   */
+  finishedRunsMs?: number;
 }
 
 /**
@@ -108,6 +114,8 @@ export class RuntimeQueues {
   readonly #inbox: InboxStore;
   readonly #slots: ConcurrencySlots;
   readonly #maps: MapStore;
+  readonly #jobDefaults: typeof JOB_DEFAULTS;
+  readonly #finishedRunsMs: number | undefined;
 
   /** Opens nothing: the queue, the subscriber and the watcher are made on first use. */
   constructor(options: RuntimeQueuesOptions) {
@@ -122,6 +130,15 @@ export class RuntimeQueues {
     this.#inbox = createInboxStore(options.redis, options.keys);
     this.#slots = createConcurrencySlots(options.redis, options.keys);
     this.#maps = createMapStore(options.redis, options.keys);
+    this.#finishedRunsMs = options.finishedRunsMs;
+    const keptS = Math.ceil((options.finishedRunsMs ?? Infinity) / 1000);
+    this.#jobDefaults =
+      keptS >= JOB_DEFAULTS.removeOnComplete.age
+        ? JOB_DEFAULTS
+        : {
+            ...JOB_DEFAULTS,
+            removeOnComplete: { ...JOB_DEFAULTS.removeOnComplete, age: keptS },
+          };
   }
 
   /**
@@ -139,7 +156,7 @@ export class RuntimeQueues {
       queue = new Queue(name, {
         connection: this.#queueConnection,
         prefix: this.#keys.queuePrefix(),
-        defaultJobOptions: JOB_DEFAULTS,
+        defaultJobOptions: this.#jobDefaults,
       });
       queue.on('error', () => {});
       this.#queues.set(name, queue);
@@ -193,7 +210,7 @@ export class RuntimeQueues {
     const jobs = await this.#dueUncarried(runId, envelope, self);
     if (jobs.length > 0) await this.add(jobs);
     await this.#mapsDue(runId, snapshot);
-    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#ended(runId);
+    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#ended(runId, String(snapshot.value));
   }
 
   /**
@@ -289,7 +306,7 @@ export class RuntimeQueues {
       jobs.length > 0 ? this.add(jobs) : undefined,
     ]);
     await this.#mapsDue(runId, snapshot);
-    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#ended(runId);
+    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#ended(runId, String(snapshot.value));
     if (finished.length === 0 || (await version(runId)) !== envelope.version) return [];
     await this.redriveDue(runId, envelope);
     return finished;
@@ -379,12 +396,12 @@ export class RuntimeQueues {
     if (!applied.committed) return this.enqueueDue(runId, applied.envelope);
     const jobs = plannedJobs(runId, snapshot, applied.transition.planned, this.#clock());
     if (jobs.length > 0) await this.add(jobs);
-    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#ended(runId);
+    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#ended(runId, String(snapshot.value));
   }
 
   /** A run that ended: its keys' expiry and its leaving the active runs, then its slot given back. */
-  async #ended(runId: string): Promise<void> {
-    await this.#meta.ended(runId);
+  async #ended(runId: string, status: string): Promise<void> {
+    await this.#meta.ended(runId, status);
     // A slot not given back now is freed once its lease lapses and the run is found ended.
     await this.releaseRunSlot(runId).catch(() => {});
   }
@@ -465,6 +482,17 @@ export class RuntimeQueues {
         await queue.addBulk(list.map((j) => ({ name: j.name, data: j.data, opts: j.opts })));
       }
     }
+  }
+
+  /**
+   * Removes the completed jobs of queue `name` older than finished runs are kept (at most 1,000),
+   * when that is less than a day: BullMQ removes them only as later jobs complete, so the last ones
+   * before a quiet spell would stay. Nothing with the default retention.
+   */
+  async cleanCompleted(name: string): Promise<void> {
+    const kept = this.#finishedRunsMs;
+    if (kept === undefined || kept >= JOB_DEFAULTS.removeOnComplete.age * 1000) return;
+    await this.queueNamed(name).clean(kept, 1000, 'completed');
   }
 
   /** Schedules the run's wall-clock deadline, if its plan has one. */

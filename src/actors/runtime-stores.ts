@@ -26,6 +26,7 @@ import { createQuotaStore, type QuotaStore } from '../persistence/quota-store.js
 import { createSnapshotStore, type SnapshotStore } from '../persistence/snapshot-store.js';
 import { createRunIndex, type RunIndex } from '../persistence/run-index.js';
 import { createActiveRuns, type ActiveRuns } from '../persistence/active-runs.js';
+import { createRunEnd, type RunEnd } from '../persistence/run-end.js';
 import { createRunCounters, type RunCounters } from '../persistence/run-counters.js';
 import { createMapStore, type MapStore } from '../persistence/map-store.js';
 import { createRequestKeys, type RequestKeys } from '../persistence/request-keys.js';
@@ -47,7 +48,7 @@ export interface RuntimeStoresOptions {
   /** The blob store's options (`CoreOptions.blobs` but its `cacheBytes`). */
   blobs: Pick<BlobStoreOptions, 'retentionMs' | 'maxBytesPerRun'>;
   /** How long finished and failed runs are kept, as checked. */
-  retention: { finishedRunsMs: number; failedRunsMs: number | null };
+  retention: { finishedRunsMs: number; failedRunsMs: number | null; tombstoneMs: number };
   /** How long a run that ended is noted for the sweeps to check (`CoreOptions.endedRunsCheckMs`), as checked. */
   endedRunsCheckMs: number;
   /** The step cache's limits, as checked. */
@@ -100,6 +101,8 @@ export class RuntimeStores {
   readonly blobs: BlobStore;
   /** The expiry of finished runs' keys, and what was removed. */
   readonly retention: RetentionStore;
+  /** A run's end: its expiry, the active runs, the run list, its open reservations. */
+  readonly runEnd: RunEnd;
   /** Cached step outputs (`cachePolicy`), shared by a tenant's runs. */
   readonly cache: CacheStore;
 
@@ -126,7 +129,7 @@ export class RuntimeStores {
       clock,
       ...(replicas === undefined ? {} : { replicas }),
     });
-    this.runs = createRunIndex(redis, keys);
+    this.runs = createRunIndex(redis, keys, clock);
     this.activeRuns = createActiveRuns(redis, keys, {
       endedWindowMs: options.endedRunsCheckMs,
       clock,
@@ -154,7 +157,16 @@ export class RuntimeStores {
       keys,
       finishedRunsMs: options.retention.finishedRunsMs,
       failedRunsMs: options.retention.failedRunsMs,
+      tombstoneMs: options.retention.tombstoneMs,
       blobRetentionMs: options.blobs.retentionMs ?? DEFAULT_BLOB_RETENTION_MS,
+      clock,
+    });
+    this.runEnd = createRunEnd({
+      redis,
+      keys,
+      retention: this.retention,
+      activeRuns: this.activeRuns,
+      runs: this.runs,
       clock,
     });
     this.cache = createCacheStore({ ...stores, ...options.cacheLimits });

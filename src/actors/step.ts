@@ -35,7 +35,6 @@ import { runMapUnit } from './map.js';
 import { skipIfUntaken } from './condition.js';
 import {
   admitUnit,
-  afterCommit,
   agentUnit,
   attemptLimit,
   commitUnit,
@@ -133,7 +132,6 @@ async function heldAttempt(
   // 5. Next.
   if (next !== null) return nextUnit(host, next, applied, chain, result.kind);
   await core.queues.enqueuePlanned(runId, applied);
-  await afterCommit(host, runId, meta, applied.transition.status);
   return result.kind;
 }
 

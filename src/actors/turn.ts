@@ -82,7 +82,6 @@ import { takeSlots, wakeJobIdOf, withRecords } from './concurrency.js';
 import type { RunEventRecord } from '../persistence/snapshot-store.js';
 import {
   admitUnit,
-  afterCommit,
   agentUnit,
   attemptLimit,
   commitUnit,
@@ -348,7 +347,6 @@ async function commitFailedTurn(
   );
   notifyFailures(host, runId, [failure], applied, data.turn);
   await core.queues.enqueueDue(runId, applied.envelope, chain.self);
-  await afterCommit(host, runId, c.admitted.meta, applied.transition.status);
   return 'failed';
 }
 
@@ -420,7 +418,7 @@ function turnEvents(
 async function commitTurn(host: UnitHost, c: TurnCommit, result: TurnResult): Promise<UnitOutcome> {
   const { core } = host;
   const { data, env, unit, chain } = c;
-  const { state, meta } = c.admitted;
+  const { state } = c.admitted;
   const step = c.admitted.step as AgentStep;
   const { runId } = data;
   const stepId = data.stepId!;
@@ -473,7 +471,6 @@ async function commitTurn(host: UnitHost, c: TurnCommit, result: TurnResult): Pr
       return going;
     }
     await core.queues.enqueueDue(runId, applied.envelope, chain.self);
-    await afterCommit(host, runId, meta, applied.transition.status);
     return ended;
   } finally {
     // Release: whatever this unit does not hand on to the next turn, its reservation.

@@ -11,8 +11,9 @@
  *    the records its commit carries.
  * 4. Commit (`commitUnit`, or `pauseUnit` for a call that waits for a person; `endsEarly` for a
  *    busy tool call or a budget stop, which commit nothing of the unit): its events and records
- *    in one commit, then the failure hook (`notifyFailures`) and, for a run that ended, the
- *    settling of what dead workers left reserved (`afterCommit`).
+ *    in one commit, then the failure hook (`notifyFailures`); a run that ended is ended by the
+ *    enqueue that follows (`runtime-meta.ts`: `ended`: its expiry, the active runs, the run list,
+ *    the settling of what dead workers left reserved).
  * 5. Next (`nextUnit`): the one unit the commit made due goes on in the same job; anything else
  *    is left to the queue.
  *
@@ -54,7 +55,7 @@ import type { CallRecorder } from '../execution/ports.js';
 import { replayedCalls } from '../execution/replay-calls.js';
 import type { AppliedEvent, HostCommitOptions } from './run-host.js';
 import type { StepCacheDeps } from '../execution/step-cache.js';
-import { journaledReplyOf, type AgentUnit } from './unit-start.js';
+import type { AgentUnit } from './unit-start.js';
 
 /**
  * What every unit a worker runs is given, built once when the worker starts (see
@@ -335,26 +336,6 @@ export async function runRetryDue(host: UnitHost, data: JobData): Promise<string
     at: core.clock(),
   });
   return 'retry-due';
-}
-
-/**
- * After a commit that ended the run: settles the usage reservations a worker that died left
- * open (none in the common case: one small read), so a finished run holds no open reservation.
- */
-export async function afterCommit(
-  host: UnitHost,
-  runId: string,
-  meta: RunMeta,
-  status: string,
-): Promise<void> {
-  if (status !== 'succeeded' && status !== 'failed') return;
-  const { core } = host;
-  core.stores.runs.ended(runId, status, core.clock()).catch(() => {}); // healed by the list if lost
-  await core.meter.settle({ tenantId: meta.tenantId, runId }, (r) => {
-    const step = meta.plan.steps.find((s) => s.id === r.stepId);
-    const mode = step?.kind === 'agent' && step.mode === 'granular' ? 'granular' : 'atomic';
-    return journaledReplyOf(core, runId, mode, r);
-  });
 }
 
 /**

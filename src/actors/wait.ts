@@ -29,7 +29,7 @@ import type { AgentStep, WaitStep } from '../plan/schema.js';
 import { END } from '../execution/conversation.js';
 import type { RunEvent } from '../schemas/events.js';
 import type { JobData } from './jobs.js';
-import { afterCommit, failed, type Admitted, type UnitHost } from './unit.js';
+import { failed, type Admitted, type UnitHost } from './unit.js';
 
 /** What a wait decided: events to commit, nothing to do yet, or a timer woken early. */
 type WaitDecision = { events: RunEvent[] } | { idle: true } | { laterMs: number };
@@ -110,7 +110,6 @@ async function settleWait(
       const wakes = await core.queues.signalWakes(runId, applied.envelope.snapshot);
       if (wakes.length > 0) await core.queues.add(wakes);
     }
-    await afterCommit(host, runId, meta, applied.transition.status);
     return started
       ? 'waiting'
       : decision.events.some((e) => e.type === 'step.failed')

@@ -194,6 +194,11 @@ export interface Keys {
   runIndex(): string;
   /** HASH beside {@link Keys.runIndex}: what the list shows of each run. Not run-scoped. */
   runInfo(): string;
+  /**
+   * ZSET beside {@link Keys.runIndex}: the runs that ended, scored by when their keys expire; their
+   * entries leave the list then. Not run-scoped.
+   */
+  runIndexExpiring(): string;
   /** The run's latest progress per step (HASH, see `RunKeyKind.Progress`). */
   progress(runId: string): string;
   /** The run's inbox of signals (HASH, see `RunKeyKind.Inbox`). */
@@ -466,6 +471,7 @@ export function createKeys(prefix: string = DEFAULT_KEY_PREFIX): Keys {
     endedRuns: () => `{${prefix}:active-runs}:ended`,
     runIndex: () => `{${prefix}:runs}:index`,
     runInfo: () => `{${prefix}:runs}:info`,
+    runIndexExpiring: () => `{${prefix}:runs}:expiring`,
     progress: (runId) => runKey(runId, RunKeyKind.Progress),
     inbox: (runId) => runKey(runId, RunKeyKind.Inbox),
     map: (runId, stepId) => {

@@ -6,28 +6,26 @@
  *
  * The keys of a run are listed here, from what the run was started with (its steps, its tenant,
  * its request key) and what it stored (its blobs): other stores that add keys of a run register a
- * {@link RunKeySource}. The run's own keys share its hash tag and get their expiry in one script,
- * last, with the tombstone, and only if the snapshot still says the run finished (a run resumed
- * meanwhile keeps its keys). A run without a tombstone thus is "not done yet", and calling
- * {@link RetentionStore.expireFinished} again finishes the job (the worker does, whenever it meets
- * a finished run that is still listed as active: a crash between the final commit and the expiry
- * is healed by the redelivered job or the next worker start).
+ * {@link RunKeySource}. The run's own keys share its hash tag and get their expiry in one script
+ * ({@link RetentionStore.expireRun}), with the tombstone, and only if the snapshot still says the
+ * run finished (a run resumed meanwhile keeps its keys). A run without a tombstone thus is "not
+ * done yet". The end of a run as a whole (these keys, those of other slots, the reservation
+ * records, the active runs, the run list) is `run-end.ts`'s, in two round trips.
  *
  * The tenant's reservation records (one HASH for all its runs) cannot expire field by field: a
- * finished run's record ids are queued with the time its keys expire, and each later expiry in
- * the tenant removes the records that are due.
+ * finished run's record ids are queued with the time its keys expire, and each later end in the
+ * tenant removes the records that are due.
  */
 import type { Redis } from 'ioredis';
 import { pipelineByKey } from './connection.js';
 import { InputValidationError, type ValidationIssue } from '../errors.js';
 import type { Keys } from './keys.js';
 import { classifyRedisError } from './redis-errors.js';
-import { storedRunStatus } from './run-lookups.js';
 
 /** How long finished runs are kept by default: 7 days. */
 export const DEFAULT_FINISHED_RUNS_MS = 7 * 24 * 60 * 60 * 1000;
 
-/** How much longer than the run its tombstone is kept: 30 days. */
+/** How much longer than the run its tombstone is kept by default: 30 days. */
 export const TOMBSTONE_EXTRA_MS = 30 * 24 * 60 * 60 * 1000;
 
 /** Options of retention (`createRuntime({ retention })`). */
@@ -43,6 +41,12 @@ export interface RetentionOptions {
    * none: failed runs are kept
    */
   failedRunsMs?: number;
+  /**
+   * How long a removed run's tombstone outlives its keys, in ms: while it is there, asking for the
+   * run says it was removed (`RunRemovedError`) rather than unknown (`RunNotFoundError`).
+   * @defaultValue 30 days
+   */
+  tombstoneMs?: number;
 }
 
 /** What a run was started with, as far as its keys go. */
@@ -87,14 +91,21 @@ export interface RetentionStore {
   readonly failedRunsMs: number | null;
   /** Every key the run may have, by slot (keys that do not exist are harmless). */
   runKeys(runId: string, info: RunKeyInfo): Promise<RunKeys>;
+  /** The keys of {@link runKeys}, given the run's blob keys (as {@link blobKeys} reads them). */
+  keysWith(runId: string, info: RunKeyInfo, blobKeys: readonly string[]): RunKeys;
+  /** The keys of the run's blobs, from its blob accounting (one read). */
+  blobKeys(runId: string): Promise<string[]>;
   /**
-   * Gives every key of a run that ended its expiry and writes its tombstone: `finishedRunsMs` for
-   * a run that succeeded or was cancelled, `failedRunsMs` for one that failed (nothing at all for
-   * a failed run without it, nor for a run that did not end). Unless that was done already (one
-   * small read then); a run that failed and was given its expiry, then finished, gets that of
-   * finished runs. Returns whether it set them now.
+   * Gives the run's own keys (`run`, as {@link keysWith} lists them, the snapshot last) their
+   * expiry and writes its tombstone, in one script, if the snapshot says the run ended as `failed`
+   * says (`finishedRunsMs` for a run that succeeded or was cancelled, `failedRunsMs` for one that
+   * failed) and that was not done already (a run that failed and was given its expiry, then
+   * finished, gets that of finished runs). The keys of other slots are the caller's (see
+   * `run-end.ts`). Returns 1 set now; 4 set now, in place of the expiry of the failed run it was;
+   * 3 done already; 0 the run has not ended; 2 it ended otherwise; -1 no snapshot (nothing set
+   * but for 1 and 4).
    */
-  expireFinished(runId: string, info: RunKeyInfo): Promise<boolean>;
+  expireRun(runId: string, run: readonly string[], failed: boolean, ms: number): Promise<number>;
   /** Removes the expiry of every key of a run that goes on again (a resumed run) and its tombstone. */
   keep(runId: string, info: RunKeyInfo): Promise<void>;
   /** The tombstone of a run removed by retention, or null. */
@@ -111,6 +122,8 @@ export interface RetentionStoreOptions {
   finishedRunsMs?: number;
   /** @defaultValue null: failed runs are kept */
   failedRunsMs?: number | null;
+  /** @defaultValue {@link TOMBSTONE_EXTRA_MS} */
+  tombstoneMs?: number;
   /**
    * The expiry blobs have while their run goes on (set back on `keep`); null: none (they go with
    * the run). @defaultValue null
@@ -128,8 +141,15 @@ export interface RetentionStoreOptions {
 export function parseRetentionOptions(value: unknown): {
   finishedRunsMs: number;
   failedRunsMs: number | null;
+  tombstoneMs: number;
 } {
-  if (value === undefined) return { finishedRunsMs: DEFAULT_FINISHED_RUNS_MS, failedRunsMs: null };
+  if (value === undefined) {
+    return {
+      finishedRunsMs: DEFAULT_FINISHED_RUNS_MS,
+      failedRunsMs: null,
+      tombstoneMs: TOMBSTONE_EXTRA_MS,
+    };
+  }
   if (typeof value !== 'object' || value === null || Array.isArray(value)) {
     throw new InputValidationError('runtime options', [
       {
@@ -141,7 +161,10 @@ export function parseRetentionOptions(value: unknown): {
   const issues: ValidationIssue[] = [];
   const got = (ms: unknown) =>
     typeof ms === 'number' ? String(ms) : ms === null ? 'null' : typeof ms;
-  const check = (field: 'finishedRunsMs' | 'failedRunsMs', example: string): number | null => {
+  const check = (
+    field: 'finishedRunsMs' | 'failedRunsMs' | 'tombstoneMs',
+    example: string,
+  ): number | null => {
     const ms: unknown = (value as Record<string, unknown>)[field];
     if (ms === undefined) return null;
     if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 1) {
@@ -158,8 +181,13 @@ export function parseRetentionOptions(value: unknown): {
     'failedRunsMs',
     '30 * 24 * 3600 * 1000 for 30 days (or left out: failed runs are kept until resumed)',
   );
+  const tombstoneMs = check('tombstoneMs', '30 * 24 * 3600 * 1000 for 30 days');
   if (issues.length > 0) throw new InputValidationError('runtime options', issues);
-  return { finishedRunsMs: finishedRunsMs ?? DEFAULT_FINISHED_RUNS_MS, failedRunsMs };
+  return {
+    finishedRunsMs: finishedRunsMs ?? DEFAULT_FINISHED_RUNS_MS,
+    failedRunsMs,
+    tombstoneMs: tombstoneMs ?? TOMBSTONE_EXTRA_MS,
+  };
 }
 
 const BLOB_ACCOUNTING_FIELDS = new Set(['bytes', 'count']);
@@ -191,13 +219,15 @@ function tombstoneOf(raw: string): RemovedRun {
 
 /*
  * expire: gives an ended run's keys their expiry and writes its tombstone, if the run is still in
- * the state the expiry is for.
+ * the state the expiry is for and that was not done already.
  *   KEYS[1]  the tombstone   KEYS[2]  the snapshot (HASH)   KEYS[3..]  the run's other keys
  *   ARGV[1]  the expiry, ms   ARGV[2] the tombstone's expiry, ms   ARGV[3] the tombstone
  *   ARGV[4]  'failed': for a failed run; 'finished': for one that succeeded or was cancelled
- *   Reads    HGET snap run (the run's derived status, `rs`)
+ *   Reads    HGET snap run (the run's derived status, `rs`); GET tombstone
  *   Returns  1 set; 0 the run has not ended (nothing set); 2 it ended otherwise (nothing set);
- *            -1 no snapshot (nothing set)
+ *            -1 no snapshot (nothing set); 3 done already: a tombstone is there, and it is not a
+ *            failed run's while the run has finished since (nothing set); 4 set, in place of a
+ *            failed run's expiry
  */
 const EXPIRE = `
 local part = redis.call('HGET', KEYS[2], 'run')
@@ -208,11 +238,17 @@ local rs = run['rs']
 local failed = rs == 'failed'
 if not failed and rs ~= 'succeeded' and rs ~= 'cancelled' then return 0 end
 if failed ~= (ARGV[4] == 'failed') then return 2 end
+local prior = redis.call('GET', KEYS[1])
+if prior then
+  local read, stone = pcall(cjson.decode, prior)
+  if failed or not (read and type(stone) == 'table' and stone['failed'] == true) then return 3 end
+end
 for i = 2, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[1]) end
 redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[2])
+if prior then return 4 end
 return 1
 `;
-const EXPIRE_COMMAND = 'flujoRetention_expire_v2';
+const EXPIRE_COMMAND = 'flujoRetention_expire_v3';
 type Expire = (...args: string[]) => Promise<number>;
 
 /** Creates a Redis-backed {@link RetentionStore}. */
@@ -220,6 +256,7 @@ export function createRetentionStore(options: RetentionStoreOptions): RetentionS
   const { redis, keys } = options;
   const finishedRunsMs = options.finishedRunsMs ?? DEFAULT_FINISHED_RUNS_MS;
   const failedRunsMs = options.failedRunsMs ?? null;
+  const tombstoneMs = options.tombstoneMs ?? TOMBSTONE_EXTRA_MS;
   const blobRetentionMs = options.blobRetentionMs ?? null;
   const clock = options.clock ?? Date.now;
   const sources: RunKeySource[] = [];
@@ -237,26 +274,7 @@ export function createRetentionStore(options: RetentionStoreOptions): RetentionS
     return fields.filter((f) => !BLOB_ACCOUNTING_FIELDS.has(f)).map((id) => keys.blob(runId, id));
   }
 
-  /**
-   * Removes the reservation records of runs whose keys have expired (at most 100 runs a call),
-   * then queues this run's records for when its own keys expire (in `ms`).
-   */
-  async function queueReservations(runId: string, tenantId: string, ms: number): Promise<void> {
-    const queued = keys.expiringReservations(tenantId);
-    const now = clock();
-    const due = await redis.zrangebyscore(queued, '-inf', String(now), 'LIMIT', 0, 100);
-    const ids = await redis.lrange(keys.runReservations(tenantId, runId), 0, -1);
-    const tx = redis.multi();
-    for (const member of due) {
-      const recordIds = queuedRun(member)?.ids ?? [];
-      if (recordIds.length > 0) tx.hdel(keys.reservations(tenantId), ...recordIds);
-      tx.zrem(queued, member);
-    }
-    if (ids.length > 0) tx.zadd(queued, String(now + ms), JSON.stringify({ runId, ids }));
-    await tx.exec();
-  }
-
-  async function runKeys(runId: string, info: RunKeyInfo): Promise<RunKeys> {
+  function keysWith(runId: string, info: RunKeyInfo, blobs: readonly string[]): RunKeys {
     const run = [
       keys.events(runId),
       keys.status(runId),
@@ -270,7 +288,7 @@ export function createRetentionStore(options: RetentionStoreOptions): RetentionS
         keys.mapInflight(runId, stepId),
       ]),
       keys.blobs(runId),
-      ...(await blobKeys(runId)),
+      ...blobs,
       keys.meta(runId),
       keys.counters(runId),
       keys.fingerprints(runId),
@@ -295,58 +313,39 @@ export function createRetentionStore(options: RetentionStoreOptions): RetentionS
     return { run, tenant, other };
   }
 
+  async function runKeys(runId: string, info: RunKeyInfo): Promise<RunKeys> {
+    return keysWith(runId, info, await blobKeys(runId));
+  }
+
   return {
     finishedRunsMs,
     failedRunsMs,
     runKeys,
 
-    async expireFinished(runId, info) {
+    keysWith,
+
+    async blobKeys(runId) {
       try {
-        // One round trip: the tombstone, and how the run ended.
-        const replies = await redis
-          .pipeline()
-          .get(keys.removed(runId))
-          .hget(keys.snap(runId), 'run')
-          .exec();
-        const [removed = null, part = null] = (replies ?? []).map(([error, reply]) => {
-          if (error) throw error;
-          return reply as string | null;
-        });
-        const status = storedRunStatus(part);
-        const failed = status === 'failed';
-        if (!failed && status !== 'succeeded' && status !== 'cancelled') return false;
-        // A failed run without `failedRunsMs` is kept as it is.
-        const retentionMs = failed ? failedRunsMs : finishedRunsMs;
-        if (retentionMs === null) return false;
-        // Done already, unless the expiry was a failed run's and the run has finished since.
-        if (removed !== null && (failed || !tombstoneOf(removed).failed)) return false;
-        const { run, tenant, other } = await runKeys(runId, info);
-        const ms = String(retentionMs);
-        // Keys of other slots first: the run's own, with the tombstone, come last.
-        const outside = [...tenant, ...other];
-        await pipelineByKey(redis, outside, (p, key) => p.pexpire(key, ms));
-        const tombstone: RemovedRun = { finishedAt: clock(), retentionMs, failed };
-        const snap = keys.snap(runId);
-        const set = await expire(
-          String(2 + run.length - 1),
+        return await blobKeys(runId);
+      } catch (error) {
+        return fail(error);
+      }
+    },
+
+    async expireRun(runId, run, failed, ms) {
+      const tombstone: RemovedRun = { finishedAt: clock(), retentionMs: ms, failed };
+      const snap = keys.snap(runId);
+      try {
+        return await expire(
+          String(1 + run.length),
           keys.removed(runId),
           snap,
           ...run.filter((k) => k !== snap),
-          ms,
-          String(retentionMs + TOMBSTONE_EXTRA_MS),
+          String(ms),
+          String(ms + tombstoneMs),
           JSON.stringify(tombstone),
           failed ? 'failed' : 'finished',
         );
-        if (set === 1) {
-          await queueReservations(runId, info.tenantId, retentionMs);
-          return true;
-        }
-        // Resumed meanwhile (or gone): the keys of other slots keep no expiry either. (A run that
-        // ended otherwise meanwhile is given its expiry by whoever ended it.)
-        if (set === 0) {
-          await pipelineByKey(redis, outside, (p, key) => p.persist(key));
-        }
-        return false;
       } catch (error) {
         return fail(error);
       }

@@ -30,6 +30,15 @@ export interface RunIndex {
   has(runId: string): Promise<boolean>;
   /** Notes that a run ended with `status` at `at`. */
   ended(runId: string, status: string, at: number): Promise<void>;
+  /**
+   * Notes that a run ended with `status` at `at` unless an end is noted already (a run's end path
+   * may run again for one end: the first one noted stays; a resume forgets it), and, with
+   * `expiresInMs` (its keys' expiry; null: kept), queues its entry for removal then. Removes the
+   * entries of runs whose keys expired (at most 100 a call), in the same script.
+   */
+  endedOnce(runId: string, status: string, at: number, expiresInMs: number | null): Promise<void>;
+  /** Removes the entries of runs whose keys expired (at most 100); how many it removed. */
+  dropExpired(): Promise<number>;
   /** Forgets a run's end (it was resumed). */
   reopened(runId: string): Promise<void>;
   /** Entries newest first with `createdAt` in `[since, until]`, from position `offset`. */
@@ -64,6 +73,27 @@ redis.call('HDEL', KEYS[2], ARGV[4])
 return 1`;
 const ADD_COMMAND = 'flujoRunIndex_add_v1';
 
+/*
+ * ended: notes a run's end unless one is noted, queues its entry for removal when its keys expire,
+ * and removes the entries that are due.
+ *   KEYS[1] the index (ZSET)   KEYS[2] the info (HASH)   KEYS[3] the entries to remove (ZSET)
+ *   ARGV[1] the run   ARGV[2] its end field   ARGV[3] `<status> <at>`   ARGV[4] now, epoch ms
+ *   ARGV[5] its keys' expiry, ms ('': kept). With ARGV[1] '', only removes the entries that are due.
+ */
+const ENDED_LUA = `local now = tonumber(ARGV[4])
+if ARGV[1] ~= '' then
+  redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3])
+  if ARGV[5] ~= '' then redis.call('ZADD', KEYS[3], 'NX', now + tonumber(ARGV[5]), ARGV[1]) end
+end
+local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100)
+for _, id in ipairs(due) do
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('HDEL', KEYS[2], id, id .. '\\nend')
+  redis.call('ZREM', KEYS[3], id)
+end
+return #due`;
+const ENDED_COMMAND = 'flujoRunIndex_ended_v1';
+
 type AddScript = (...args: string[]) => Promise<number>;
 
 /** The `add` script on `redis`, registered once per client (ioredis runs EVALSHA, then EVAL). */
@@ -77,9 +107,14 @@ function addScript(redis: Redis): AddScript {
 }
 
 /** Creates the {@link RunIndex} of `keys`' prefix on `redis`. */
-export function createRunIndex(redis: Redis, keys: Keys): RunIndex {
+export function createRunIndex(redis: Redis, keys: Keys, clock: () => number = Date.now): RunIndex {
   const index = keys.runIndex();
   const info = keys.runInfo();
+  const expiring = keys.runIndexExpiring();
+  const commands = redis as unknown as Record<string, AddScript | undefined>;
+  if (commands[ENDED_COMMAND] === undefined) {
+    redis.defineCommand(ENDED_COMMAND, { numberOfKeys: 3, lua: ENDED_LUA });
+  }
 
   const parseEnd = (raw: string | null | undefined): RunIndexEntry['end'] => {
     if (raw === null || raw === undefined) return null;
@@ -98,8 +133,25 @@ export function createRunIndex(redis: Redis, keys: Keys): RunIndex {
     async ended(runId, status, at) {
       await redis.hset(info, endField(runId), `${status} ${at}`);
     },
+    async endedOnce(runId, status, at, expiresInMs) {
+      await (commands[ENDED_COMMAND] as AddScript).call(
+        redis,
+        index,
+        info,
+        expiring,
+        runId,
+        endField(runId),
+        `${status} ${at}`,
+        String(clock()),
+        expiresInMs === null ? '' : String(expiresInMs),
+      );
+    },
+    async dropExpired() {
+      const ended = commands[ENDED_COMMAND] as AddScript;
+      return ended.call(redis, index, info, expiring, '', '', '', String(clock()), '');
+    },
     async reopened(runId) {
-      await redis.hdel(info, endField(runId));
+      await redis.multi().hdel(info, endField(runId)).zrem(expiring, runId).exec();
     },
     async page(since, until, offset, count) {
       const ids = await redis.zrevrangebyscore(

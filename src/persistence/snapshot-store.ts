@@ -684,7 +684,8 @@ function checkAppends(snapKey: string, appends: readonly ListAppend[]): string[]
   });
 }
 
-function decodeEvent(runId: string, id: string, flat: readonly string[]): StoredRunEvent {
+/** A raw entry of a run's event stream (its id, its flat field list) as a {@link StoredRunEvent}. */
+export function decodeEvent(runId: string, id: string, flat: readonly string[]): StoredRunEvent {
   let v: string | undefined;
   let t: string | undefined;
   let d: string | undefined;

@@ -5,9 +5,13 @@
  * take back the run's last commits, its end included, while the note and the removal stay. Such a
  * run is back at a status that goes on, yet no job and no active-runs entry would ever drive it.
  *
- * Each sweep reads the status of every run noted within the window (one HGET each, a page at a
- * time) and settles the notes:
+ * Each sweep reads the status of every run noted within the window and whether its tombstone is
+ * there (one HGET and one EXISTS each, a page at a time) and settles the notes:
  * - the run still ended (succeeded, failed, cancelled): its note stays until the window drops it;
+ *   if it has no tombstone while retention applies to it, its end is done again
+ *   (`actors/runtime-meta.ts`: `ended`): a run's end notes it here in the same round trip as it
+ *   gives its keys their expiry (`persistence/run-end.ts`), and a crash may have let the note
+ *   land without the expiry;
  * - the run goes on: one script puts it back among the active runs unless its note changed (it
  *   ended again since), and the worker whose script added it logs a warning; then its keys in other
  *   slots lose the expiry its end gave them, its run-list entry is reopened, the run's finished
@@ -29,17 +33,22 @@ const ENDED_STATUSES = new Set(['succeeded', 'failed', 'cancelled']);
 
 /** Checks the runs that ended within the window (see the module comment). */
 export async function reconcileEnded(core: RuntimeCore, closing: AbortSignal): Promise<void> {
-  const { activeRuns, keys } = core.stores;
+  const { activeRuns, keys, retention } = core.stores;
   await activeRuns.forEachEnded(async (runs) => {
     if (closing.aborted) return;
-    // One HGET per run, sent at once (a pipeline on one server; per node on a cluster).
-    const statuses = await Promise.all(runs.map((r) => readRunStatus(core.redis, keys, r.runId)));
+    // One HGET and one EXISTS per run, sent at once (a pipeline on one server; per node on a cluster).
+    const [statuses, tombstones] = await Promise.all([
+      Promise.all(runs.map((r) => readRunStatus(core.redis, keys, r.runId))),
+      Promise.all(runs.map((r) => core.redis.exists(keys.removed(r.runId)))),
+    ]);
     for (const [i, run] of runs.entries()) {
       const status = statuses[i] ?? null;
-      if (status !== null && ENDED_STATUSES.has(status)) continue;
+      const kept = status === 'failed' && retention.failedRunsMs === null;
+      if (status !== null && ENDED_STATUSES.has(status) && (kept || tombstones[i] === 1)) continue;
       if (closing.aborted) return;
       try {
-        await settleEnded(core, run, status);
+        if (status !== null && ENDED_STATUSES.has(status)) await core.meta.ended(run.runId, status);
+        else await settleEnded(core, run, status);
       } catch (error) {
         core.log.warn(
           { runId: run.runId, endedAt: run.endedAt, err: error },

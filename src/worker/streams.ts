@@ -1,7 +1,8 @@
 import { toFlujoError } from '../errors.js';
 import type { JsonValue } from '../internal/json.js';
 import type { StepStatus } from '../machines/types.js';
-import type { StoredRunEvent } from '../persistence/snapshot-store.js';
+import { decodeEvent, type StoredRunEvent } from '../persistence/snapshot-store.js';
+import type { StreamEntry } from '../persistence/stream-watcher.js';
 import type { SerializedError } from '../errors.js';
 import type { StepOutcome } from '../schemas/outcomes.js';
 import type { RuntimeCore } from '../actors/core.js';
@@ -23,18 +24,21 @@ function refsOf(e: StoredRunEvent): string[] {
 
 /**
  * Puts back the step outputs that the stream names instead of carrying them (a large output is
- * stored once, in the run's outputs): a reader sees each event as it was committed.
+ * stored once, in the run's outputs): a reader sees each event as it was committed. With
+ * `produced` false, those of a `run.finished` event are left as references (a reader of outcomes
+ * does not use them).
  */
 async function withOutputs(
   core: RuntimeCore,
   runId: string,
   batch: StoredRunEvent[],
+  produced = true,
 ): Promise<StoredRunEvent[]> {
   const wanted = new Set<string>();
   for (const e of batch) {
     const ref = e.data['outputRef'];
     if (e.type === 'step.succeeded' && typeof ref === 'string') wanted.add(ref);
-    if (e.type === 'run.finished' && e.data['producedRefs'] === true) {
+    if (produced && e.type === 'run.finished' && e.data['producedRefs'] === true) {
       for (const id of refsOf(e)) wanted.add(id);
     }
   }
@@ -46,7 +50,7 @@ async function withOutputs(
     if (e.type === 'step.succeeded' && typeof outputRef === 'string' && outputRef in outputs) {
       return { ...e, data: { ...data, output: outputs[outputRef] } };
     }
-    if (e.type === 'run.finished' && producedRefs === true) {
+    if (produced && e.type === 'run.finished' && producedRefs === true) {
       const produced = { ...(data['produced'] as Record<string, unknown>) };
       // Not stored: the step produced nothing (or the run was removed meanwhile).
       for (const id of refsOf(e)) {
@@ -64,27 +68,79 @@ export async function* eventsOf(
   core: RuntimeCore,
   runId: string,
   options: StreamOptions = {},
+  produced = true,
 ): AsyncGenerator<StoredRunEvent> {
-  let after = options.after;
+  const { after } = options;
   // A run that does not exist is an error, not an empty stream.
   if ((await core.stores.store.version(runId)) === null) throw await core.stores.notFound(runId);
-  for (;;) {
-    const batch = await withOutputs(
-      core,
-      runId,
-      await core.stores.store.readEvents(runId, after === undefined ? {} : { after }),
-    );
-    for (const e of batch) {
-      yield e;
-      after = e.id;
-      if (e.type === 'run.finished' && options.follow === true) return;
+  const stored = await withOutputs(
+    core,
+    runId,
+    await core.stores.store.readEvents(runId, after === undefined ? {} : { after }),
+    produced,
+  );
+  let last = after;
+  for (const e of stored) {
+    yield e;
+    last = e.id;
+    if (e.type === 'run.finished' && options.follow === true) return;
+  }
+  if (options.follow !== true || options.signal?.aborted === true) return;
+  yield* newEvents(core, runId, last ?? '0-0', options.signal, produced);
+}
+
+/**
+ * The events of a run after `after`, as they are committed, until `run.finished`, `signal` aborts
+ * or the watcher closes. The watcher's read hands each batch of new entries over as it read them
+ * (one `XREAD` serves every follower of the runtime, each given what is new to it), so a follower
+ * reads nothing again; only outputs stored apart are read, for the batch that names them.
+ */
+async function* newEvents(
+  core: RuntimeCore,
+  runId: string,
+  after: string,
+  signal: AbortSignal | undefined,
+  produced: boolean,
+): AsyncGenerator<StoredRunEvent> {
+  const pending: StreamEntry[][] = [];
+  let closed = false;
+  let wake: (() => void) | undefined;
+  const poke = () => {
+    const w = wake;
+    wake = undefined;
+    w?.();
+  };
+  const stop = () => {
+    closed = true;
+    poke();
+  };
+  const unwatch = core.queues.watcher().watch(
+    core.stores.keys.events(runId),
+    after,
+    (entries) => {
+      pending.push(entries);
+      poke();
+    },
+    stop,
+  );
+  signal?.addEventListener('abort', stop, { once: true });
+  try {
+    for (;;) {
+      for (let entries = pending.shift(); entries !== undefined; entries = pending.shift()) {
+        const decoded = entries.map(([id, flat]) => decodeEvent(runId, id, flat));
+        for (const e of await withOutputs(core, runId, decoded, produced)) {
+          yield e;
+          if (e.type === 'run.finished') return;
+        }
+      }
+      if (closed || signal?.aborted === true) return;
+      await new Promise<void>((resolve) => {
+        wake = resolve;
+      });
     }
-    if (options.follow !== true) return;
-    if (options.signal?.aborted === true) return;
-    // Blocks without polling: one read serves every follower of the runtime.
-    await core.queues
-      .watcher()
-      .next(core.stores.keys.events(runId), after ?? '0-0', options.signal);
+  } finally {
+    unwatch();
+    signal?.removeEventListener('abort', stop);
   }
 }
 
@@ -218,7 +274,8 @@ async function* storedOutcomes(
   options: StreamOptions,
 ): AsyncGenerator<StepOutcome> {
   let lastError: SerializedError | null = null;
-  for await (const e of eventsOf(core, runId, options)) {
+  // The outputs a run's summary names are not outcomes: not read.
+  for await (const e of eventsOf(core, runId, options, false)) {
     const d = e.data as Record<string, unknown>;
     const at = Number(d['at'] ?? 0);
     switch (e.type) {

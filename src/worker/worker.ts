@@ -480,6 +480,12 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
       }
     });
     if (!closing.signal.aborted) await reconcileEnded(core, closing.signal);
+    // What runs whose keys expired leave: list entries, completed jobs (each removed as later runs
+    // end or complete, but not after the last ones).
+    if (!closing.signal.aborted) await core.stores.runs.dropExpired();
+    for (const name of queueNames) {
+      if (!closing.signal.aborted) await core.queues.cleanCompleted(name);
+    }
     if (!closing.signal.aborted) await tendSchedules(core, closing.signal);
   }
 
