@@ -48,6 +48,7 @@ import {
 } from './operations/reading.js';
 import {
   registerAgent,
+  registerPlan,
   registerAll,
   registerSignals,
   registerOperator,
@@ -95,6 +96,11 @@ export interface RuntimeOptions extends CoreOptions {
   tools?: readonly ToolDefinition[];
   /** Agents (more with `runtime.agent`). */
   agents?: readonly AgentDefinition[];
+  /**
+   * Plans by name (more with `runtime.plan`): what `run` steps start child runs of
+   * (`{ kind: 'run', plan: '<name>' }`).
+   */
+  plans?: Record<string, Plan | PlanInput>;
   /**
    * Asked before every approve, reject and skip, after the gate's `approvers` allowed it: `by` is
    * only what the caller claims, so a service that takes decisions from people checks here who
@@ -147,6 +153,11 @@ export interface Runtime {
   tool(definition: ToolDefinition): Runtime;
   /** Registers an agent (see `defineAgent`); agent steps name it. */
   agent(definition: AgentDefinition, options?: RegisterOptions): Runtime;
+  /**
+   * Registers `plan` under `name`: a `run` step naming `name` (`{ kind: 'run', plan: name }`)
+   * starts a child run of it. Every worker that may take such a step registers the same plans.
+   */
+  plan(name: string, plan: Plan | PlanInput | string): Runtime;
   /**
    * Registers a policy: `policy_check` steps name it; with `appliesTo: { tags }` it is also checked
    * before every step whose `policyTags` include one of the tags. It returns `{ allow: true }` or
@@ -358,6 +369,10 @@ export function createRuntime(options: RuntimeOptions): Runtime {
     },
     agent(definition, registerOptions) {
       registerAgent(core.registry, definition, registerOptions);
+      return runtime;
+    },
+    plan(name, plan) {
+      registerPlan(core.registry, name, plan);
       return runtime;
     },
     signals(planName, schemas) {

@@ -16,6 +16,7 @@ import { createUsageMeter, type UsageMeter } from '../execution/usage-meter.js';
 import type { RunEvent } from '../schemas/events.js';
 import { RuntimeMeta } from './runtime-meta.js';
 import { RuntimeQueues } from './runtime-queues.js';
+import { runEnded } from './child.js';
 import { RuntimeRegistry } from './runtime-registry.js';
 import { RuntimeStores } from './runtime-stores.js';
 import {
@@ -308,6 +309,7 @@ export class RuntimeCore {
       clock: this.clock,
       meta: this.meta,
     });
+    this.queues.onEnded = (runId, snapshot) => runEnded(this, runId, snapshot);
   }
 
   /** Feeds an event to a run and enqueues what became due. */

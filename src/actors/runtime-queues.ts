@@ -12,6 +12,7 @@ import type { Plan } from '../plan/schema.js';
 import type { Keys } from '../persistence/keys.js';
 import { createStreamWatcher, type StreamWatcher } from '../persistence/stream-watcher.js';
 import { createRunChannels, type RunChannels } from '../persistence/run-channels.js';
+import { readRunStatus } from '../persistence/run-lookups.js';
 import type { RuntimeMeta } from './runtime-meta.js';
 import {
   dueJobs,
@@ -22,6 +23,7 @@ import {
   plannedJobs,
   unitJobsGlob,
   signalWakeJob,
+  childWakeJob,
   timerJobId,
   type JobData,
   type JobSpec,
@@ -96,6 +98,13 @@ export class RuntimeQueues {
   readonly #meta: RuntimeMeta;
   readonly #inbox: InboxStore;
 
+  /**
+   * Called each time a run is found ended, before it leaves the active runs (so that a crash in it
+   * is met again by the run's next sweep): a child run wakes its parent, a cancelled parent cancels
+   * its children (`child.ts`: `runEnded`, set by the runtime core).
+   */
+  onEnded: ((runId: string, snapshot: RunSnapshot) => Promise<void>) | undefined;
+
   /** Opens nothing: the queue, the subscriber and the watcher are made on first use. */
   constructor(options: RuntimeQueuesOptions) {
     this.#redis = options.redis;
@@ -166,7 +175,33 @@ export class RuntimeQueues {
     const { snapshot } = envelope;
     const jobs = await this.#dueUncarried(runId, envelope, self);
     if (jobs.length > 0) await this.add(jobs);
-    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#meta.ended(runId);
+    if (snapshot.status !== 'active' || snapshot.value === 'failed')
+      await this.#ended(runId, snapshot);
+  }
+
+  /** A run that ended: the end hook, then its expiry and its leaving the active runs. */
+  async #ended(runId: string, snapshot: RunSnapshot): Promise<void> {
+    await this.onEnded?.(runId, snapshot);
+    await this.#meta.ended(runId);
+  }
+
+  /**
+   * The wake jobs of the run's steps that wait for a child run that has ended (one status read per
+   * such step, on the child's own key): a child whose end did not reach its parent (a crash
+   * between the two) is healed by any guard or sweep of the parent.
+   */
+  async childWakes(runId: string, snapshot: RunSnapshot): Promise<JobSpec[]> {
+    if (snapshot.status !== 'active') return [];
+    const jobs: JobSpec[] = [];
+    for (const s of runSteps(snapshot)) {
+      const child = s.status === 'WAITING' ? s.wait?.child : undefined;
+      if (child === undefined) continue;
+      const status = await readRunStatus(this.#redis, this.#keys, child);
+      if (status === 'succeeded' || status === 'failed' || status === 'cancelled') {
+        jobs.push(childWakeJob(runId, s.stepId, s.attempt));
+      }
+    }
+    return jobs;
   }
 
   /** The jobs the run's snapshot says are due, but a unit an active carrier runs (see above). */
@@ -179,6 +214,8 @@ export class RuntimeQueues {
       ...dueJobs(runId, envelope.snapshot, this.#clock()),
       // A signal wait whose signal is in the inbox: its sender's wake-up may have been lost.
       ...(await this.signalWakes(runId, envelope.snapshot)),
+      // A run step whose child ended: the child's wake-up of it may have been lost.
+      ...(await this.childWakes(runId, envelope.snapshot)),
     ];
     const carried = parseCarrierNote(envelope.carrier);
     if (carried !== null && carried.job !== self) {
@@ -230,7 +267,8 @@ export class RuntimeQueues {
       ),
       jobs.length > 0 ? this.add(jobs) : undefined,
     ]);
-    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#meta.ended(runId);
+    if (snapshot.status !== 'active' || snapshot.value === 'failed')
+      await this.#ended(runId, snapshot);
     if (finished.length === 0 || (await version(runId)) !== envelope.version) return [];
     await this.redriveDue(runId, envelope);
     return finished;
@@ -320,7 +358,8 @@ export class RuntimeQueues {
     if (!applied.committed) return this.enqueueDue(runId, applied.envelope);
     const jobs = plannedJobs(runId, snapshot, applied.transition.planned, this.#clock());
     if (jobs.length > 0) await this.add(jobs);
-    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#meta.ended(runId);
+    if (snapshot.status !== 'active' || snapshot.value === 'failed')
+      await this.#ended(runId, snapshot);
   }
 
   /**

@@ -29,6 +29,7 @@ import type { JobData } from './jobs.js';
 import { executeCached } from '../execution/step-cache.js';
 import { startUnit } from './unit-start.js';
 import { runWaitUnit } from './wait.js';
+import { runChildUnit } from './child.js';
 import { skipIfUntaken } from './condition.js';
 import {
   admitUnit,
@@ -73,6 +74,8 @@ export async function runStepUnit(
   if (untaken !== null) return untaken;
   // A wait step runs no code: its unit is a wait's (wait.ts).
   if (admitted.step.kind === 'wait') return runWaitUnit(host, data, admitted);
+  // A run step runs no code either: its unit starts a child run and waits for it (child.ts).
+  if (admitted.step.kind === 'run') return runChildUnit(host, data, admitted);
   const { env, state, meta, step } = admitted;
   const { runId } = data;
   const stepId = data.stepId!;

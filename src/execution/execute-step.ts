@@ -498,6 +498,9 @@ async function executeOnce(
       case 'wait':
         // A wait step is driven by its own unit (actors/wait.ts), never executed.
         throw new InvariantError(`wait step "${step.id}" was handed to an operator's execution`);
+      case 'run':
+        // A run step is driven by its own unit (actors/child.ts), never executed.
+        throw new InvariantError(`run step "${step.id}" was handed to an operator's execution`);
       default: {
         const name = step.operator;
         const op = deps.operators.get(name);

@@ -6,6 +6,7 @@ import { liveWorkers, queueBeats } from '../worker/heartbeat.js';
 import { summarize, type RunSummary } from '../actors/run-host.js';
 import { actionScopesOf } from '../execution/action-keys.js';
 import type { RuntimeCore } from '../actors/core.js';
+import { childrenOf, type RunMeta, type RunParent } from '../actors/runtime-meta.js';
 import type { JsonValue } from '../internal/json.js';
 import { runSteps, runStatus, type RunSnapshot, type StepState } from '../machines/kernel.js';
 import type { PendingCall, RunStatus } from '../machines/types.js';
@@ -109,6 +110,19 @@ export interface RunReport {
   routing: RunRouting | null;
   /** The latest progress each step's operator reported (`ctx.progress`), by step id. */
   progress: Record<string, StepProgress>;
+  /** For a child run (started by a `run` step): the run, step and attempt that started it. */
+  parent: RunParent | null;
+  /** The child runs its `run` steps started, by step then attempt, with their status. */
+  children: RunChild[];
+}
+
+/** A child run a `run` step started (see {@link RunReport.children}). */
+export interface RunChild {
+  stepId: string;
+  attempt: number;
+  runId: string;
+  /** Its status, or null when it is not found (removed by retention, or not created yet). */
+  status: RunStatus | null;
 }
 
 /** See {@link RunReport.routing}. */
@@ -292,7 +306,23 @@ export async function readReport(core: RuntimeCore, runId: string): Promise<RunR
     queue,
     routing: status === 'running' ? await routingOf(core, runId, queue, idle) : null,
     progress: progressOf(progress),
+    parent: meta.parent,
+    children: await childrenReport(core, runId, meta),
   };
+}
+
+/** The children the run's meta records, each with its status (one read each). */
+async function childrenReport(
+  core: RuntimeCore,
+  runId: string,
+  meta: RunMeta,
+): Promise<RunChild[]> {
+  if (!meta.plan.steps.some((s) => s.kind === 'run')) return [];
+  const listed = childrenOf(await core.stores.store.loadMeta(runId));
+  const statuses = await Promise.all(
+    listed.map((c) => readRunStatus(core.redis, core.stores.keys, c.runId)),
+  );
+  return listed.map((c, i) => ({ ...c, status: (statuses[i] ?? null) as RunStatus | null }));
 }
 
 /** The run's persisted snapshot as stored (`runtime.snapshot`). */

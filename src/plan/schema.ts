@@ -30,7 +30,14 @@ export const effectClassSchema = z.enum(['read_only', 'local', 'memory', 'extern
 /** A step's risk level. */
 export const riskLevelSchema = z.enum(['low', 'medium', 'high', 'critical']);
 /** The kinds of step. */
-export const stepKindSchema = z.enum(['operator', 'agent', 'policy_check', 'human_gate', 'wait']);
+export const stepKindSchema = z.enum([
+  'operator',
+  'agent',
+  'policy_check',
+  'human_gate',
+  'wait',
+  'run',
+]);
 
 /**
  * How a step's output is cached, tenant-wide, under the step's code identity, input and
@@ -352,6 +359,26 @@ export const waitStepSchema = z
   })
   .strict();
 
+/** A plan name as a `run` step names it: a plan registered by that name. */
+const planNameSchema = z.string().min(1).max(200);
+
+/**
+ * A step that starts a child run of the plan registered as `plan` (`runtime.plan(name, plan)`, or
+ * `plans` in a job module), with the step's `input` or else its dependencies' outputs as the
+ * child's input, and waits for it without holding a worker: the child's result is the step's
+ * output; a child that fails or is cancelled fails the step (`child_failed`), and each retry
+ * starts a new child. `onParentCancel` says what a cancel (or budget stop) of this run does to a
+ * child still going: `cancel` it (the default) or `abandon` it (it goes on alone).
+ */
+export const runStepSchema = z
+  .object({
+    kind: z.literal('run'),
+    ...commonStepShape,
+    plan: planNameSchema,
+    onParentCancel: z.enum(['cancel', 'abandon']).default('cancel'),
+  })
+  .strict();
+
 /** One step as written (its `retry` not yet resolved; {@link planSchema} resolves it). */
 export const stepSchema = z.discriminatedUnion('kind', [
   operatorStepSchema,
@@ -359,6 +386,7 @@ export const stepSchema = z.discriminatedUnion('kind', [
   policyCheckStepSchema,
   humanGateStepSchema,
   waitStepSchema,
+  runStepSchema,
 ]);
 
 /** The step schema of each kind. */
@@ -368,6 +396,7 @@ export const stepSchemasByKind = {
   policy_check: policyCheckStepSchema,
   human_gate: humanGateStepSchema,
   wait: waitStepSchema,
+  run: runStepSchema,
 } as const;
 
 /** Plan-wide defaults. */
@@ -417,8 +446,14 @@ export interface WaitStep extends Omit<z.output<typeof waitStepSchema>, 'retry'>
   /** Resolved: step over plan defaults over built-ins. */
   retry: RetryPolicy;
 }
+/** A parsed run step (a child run). */
+export interface RunStep extends Omit<z.output<typeof runStepSchema>, 'retry'> {
+  /** Resolved: step over plan defaults over built-ins. */
+  retry: RetryPolicy;
+}
 /** A parsed step of any kind. */
-export type PlanStep = OperatorStep | AgentStep | PolicyCheckStep | HumanGateStep | WaitStep;
+export type PlanStep =
+  OperatorStep | AgentStep | PolicyCheckStep | HumanGateStep | WaitStep | RunStep;
 /** The kind of a step. */
 export type StepKind = z.output<typeof stepKindSchema>;
 /** A parsed, validated plan. Each step's `retry` is resolved, so consumers never merge again. */
@@ -736,6 +771,7 @@ export function checkPlanSemantics(plan: unknown): PlanSemanticIssue[] {
   });
 
   issues.push(...checkConditions(steps, edges, firstIndex, allIdsReadable));
+  issues.push(...checkRunSteps(steps));
 
   const ids = [...edges.keys()];
   for (const { cycle, component } of findDependencyCycles(ids, (id) => edges.get(id) ?? [])) {
@@ -748,6 +784,25 @@ export function checkPlanSemantics(plan: unknown): PlanSemanticIssue[] {
         (others.length === 0 ? '' : `; also caught in cycles with them: ${others.join(', ')}`),
     });
   }
+  return issues;
+}
+
+/**
+ * A run step's child is bounded by its own plan's budgets: the step takes no time limit or budget
+ * of its own (its attempts are children, which its retry policy numbers).
+ */
+function checkRunSteps(steps: unknown[]): Issue[] {
+  const issues: Issue[] = [];
+  steps.forEach((step: unknown, i) => {
+    if (!isRecord(step) || step.kind !== 'run') return;
+    for (const field of ['timeoutMs', 'budgets'] as const) {
+      if (step[field] === undefined) continue;
+      issues.push({
+        path: ['steps', i, field],
+        message: `a run step is bounded by its child plan's own budgets (budgets.maxWallClockMs, maxTokens, …): remove ${field} and set the child plan's budgets instead`,
+      });
+    }
+  });
   return issues;
 }
 

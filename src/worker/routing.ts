@@ -20,6 +20,8 @@ const NOTE_TTL_MS = 60_000;
 export interface Missing {
   operator?: string;
   agent?: string;
+  /** The plan a run step starts a child run of. */
+  plan?: string;
 }
 
 /**
@@ -48,11 +50,13 @@ export async function missingFor(
     return agents.has(step.agent) ? null : { agent: step.agent };
   }
   if (step.kind === 'operator' && !operators.has(step.operator)) return { operator: step.operator };
+  if (step.kind === 'run' && !core.registry.plans.has(step.plan)) return { plan: step.plan };
   return null;
 }
 
 /** The words of a note: `no worker knows operator "x"` and where it was put back. */
 export function missingText(m: Missing): string {
+  if (m.plan !== undefined) return `plan "${m.plan}"`;
   return m.operator !== undefined ? `operator "${m.operator}"` : `agent "${m.agent ?? '?'}"`;
 }
 

@@ -143,6 +143,23 @@ function checkFallbacks(core: RuntimeCore, plan: Plan): void {
   if (issues.length > 0) throw new InputValidationError('plan', issues);
 }
 
+/**
+ * Refuses a plan whose `run` steps name a plan not registered here (`runtime.plan`, or `plans` in
+ * the job module): the child could never start.
+ */
+export function checkChildPlans(core: RuntimeCore, plan: Plan): void {
+  const issues: { path: string; message: string }[] = [];
+  plan.steps.forEach((step, i) => {
+    if (step.kind !== 'run' || core.registry.plans.has(step.plan)) return;
+    const registered = [...core.registry.plans.keys()].join(', ') || '(none)';
+    issues.push({
+      path: `steps[${i}].plan`,
+      message: `no plan "${step.plan}" is registered for run step "${step.id}"; register it with runtime.plan("${step.plan}", plan), or export plans: { "${step.plan}": plan } from the job module, before starting. Registered: ${registered}`,
+    });
+  });
+  if (issues.length > 0) throw new InputValidationError('plan', issues);
+}
+
 /** The start's cache flags as stored beside the run; refuses a flag that is not a boolean. */
 function checkCacheFlags(opts: StartOptions): Record<string, string> {
   const out: Record<string, string> = {};
@@ -171,7 +188,8 @@ function checkCacheFlags(opts: StartOptions): Record<string, string> {
  * With `retried`, a start that finds its run already there (its run id with the same plan, input,
  * tenant and request key, or its request key) is taken as the same start tried again: the run's
  * due work is enqueued again (ids make that harmless), so a start whose create succeeded and
- * whose enqueue failed is finished by starting it again.
+ * whose enqueue failed is finished by starting it again. `links` are more fields of the run's
+ * meta (a child run's parent).
  */
 export async function launchRun(
   core: RuntimeCore,
@@ -179,8 +197,10 @@ export async function launchRun(
   input: unknown,
   opts: StartOptions,
   retried = false,
+  links: Readonly<Record<string, string>> = {},
 ): Promise<LaunchedRun> {
   const plan = core.meta.plans.parse(planSource);
+  checkChildPlans(core, plan);
   assertPlainJson(input, 'run input', 'input');
   const missingKeys = keyInputIssues(plan, input);
   if (missingKeys.length > 0) throw new InputValidationError('run input', missingKeys);
@@ -201,6 +221,7 @@ export async function launchRun(
     requestKey: opts.requestKey ?? '',
     createdAt: String(at),
     ...cacheFlags,
+    ...links,
   };
   if (opts.runId !== undefined) {
     // A request key already claimed leads to its run below; else the run id must be new.
