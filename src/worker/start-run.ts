@@ -253,7 +253,13 @@ export async function launchRun(
   // Listed before it exists: an entry whose run never got created is removed by the list.
   await Promise.all([
     core.stores.activeRuns.add(runId),
-    core.stores.runs.add({ runId, planName: plan.name, tenantId, createdAt: at }),
+    core.stores.runs.add({
+      runId,
+      planName: plan.name,
+      tenantId,
+      createdAt: at,
+      parentRunId: links['parentRunId'] ?? null,
+    }),
   ]);
   let created;
   const runTrace = startRunTrace(runId, {
