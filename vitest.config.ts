@@ -19,6 +19,7 @@ const CLUSTER_SUITES = [
   'driver-crash',
   'conditions',
   'conditions-crash',
+  'child-runs',
   'agent-crash',
   'replay-crash',
   'call-tool-crash',

@@ -76,6 +76,7 @@ export {
   IDLE_WORK_MS,
   type PendingApproval,
   type PendingWait,
+  type RunChild,
   type RunReport,
   type RunRouting,
   type RunUsage,
@@ -84,6 +85,7 @@ export {
 export type { BeginOptions, RunHandle } from './operations/starting.js';
 export type { SignalOptions, SignalReceipt, StartSignal } from './operations/signals.js';
 export type { SignalSchema } from './actors/runtime-registry.js';
+export type { RunParent } from './actors/runtime-meta.js';
 export type { ScheduleInfo } from './operations/schedules.js';
 export type { OverlapPolicy, ScheduleOptions } from './worker/schedule-definition.js';
 export type { FireOutcome, ScheduleFire } from './worker/schedule-store.js';

@@ -116,9 +116,24 @@ export async function runChildUnit(
     if (error instanceof FlujoError && !error.retryable) return refused(error.toJSON());
     throw error;
   }
-  await writeMetaField(core.redis, core.stores.keys, runId, childField(step.id, attempt), childId);
+  await recordChild(core, runId, step.id, attempt, childId);
   debugPoint(DebugPoint.afterChildStart, step.id);
   return settleChild(host, data, admitted.env);
+}
+
+/**
+ * Records child `childId` in its parent's meta (`child:<step>:<attempt>`, one HSET on the parent's
+ * own key): after the child exists, and again before each commit about it, so that a start that
+ * died before its record and whose child's end was taken by a wake still leaves the record.
+ */
+async function recordChild(
+  core: RuntimeCore,
+  runId: string,
+  stepId: string,
+  attempt: number,
+  childId: string,
+): Promise<void> {
+  await writeMetaField(core.redis, core.stores.keys, runId, childField(stepId, attempt), childId);
 }
 
 /** A child that could not start: the step's attempt fails with `error`. */
@@ -236,6 +251,7 @@ async function settleChild(
     const events: RunEvent[] = ended ?? [
       { type: 'wait.started', stepId, attempt: data.attempt!, child: childId, at: core.clock() },
     ];
+    if (tries === 0) await recordChild(core, runId, stepId, data.attempt!, childId);
     if (ended !== null) debugPoint(DebugPoint.beforeCommit, stepId);
     const applied = await core.host.apply(runId, events, env);
     if (!applied.committed) continue;
