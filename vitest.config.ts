@@ -21,6 +21,7 @@ const CLUSTER_SUITES = [
   'map-crash',
   'conditions',
   'conditions-crash',
+  'child-runs',
   'agent-crash',
   'replay-crash',
   'call-tool-crash',

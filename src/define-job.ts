@@ -32,6 +32,11 @@ export interface JobSetupContext {
 export interface JobDefinition<P extends PlanInput = PlanInput> {
   /** The plan. */
   plan: P;
+  /**
+   * The plans the job's `run` steps start child runs of, by the name the steps give
+   * (`{ kind: 'run', plan: '<name>' }`); their operators are in `operators` too.
+   */
+  plans?: Record<string, PlanInput>;
   /** Every operator the plan's steps name, by name. */
   operators: Record<OperatorNamesOf<P>, Operator> & Record<string, Operator>;
   /** Tools the operators and agents call. */

@@ -68,6 +68,8 @@ export const ErrorCode = {
   ItemFailed: 'item_failed',
   /** A map step's `over` does not hold an array (or holds more than 10,000 elements). Final. */
   MapOverInvalid: 'map_over_invalid',
+  /** A run step's child run failed or was cancelled. Retryable when it failed. */
+  ChildFailed: 'child_failed',
 } as const;
 /** A value of {@link ErrorCode}. */
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
@@ -1019,6 +1021,37 @@ export class MapOverError extends FlujoError {
   }
   override get details(): unknown {
     return { stepId: this.stepId };
+  }
+}
+
+/**
+ * A run step's child run ended without success: it failed (retryable: the step's retry policy
+ * decides, and each retry starts a new child) or was cancelled (final). `summary` is the child's
+ * own account of why.
+ */
+export class ChildFailedError extends FlujoError {
+  override name = 'ChildFailedError';
+  readonly code = ErrorCode.ChildFailed;
+  constructor(
+    readonly stepId: string,
+    readonly childRunId: string,
+    readonly status: 'failed' | 'cancelled',
+    readonly summary: string,
+    options?: FlujoErrorOptions,
+  ) {
+    super(
+      `Step "${stepId}": its child run "${childRunId}" ${status === 'failed' ? 'failed' : 'was cancelled'}: ${summary}. See \`flujo status ${childRunId}\`; ${status === 'failed' ? "the step's retry policy decides whether a new child starts; a resume of this run starts one too" : 'a resume of this run starts a new child'}.`,
+      status === 'failed',
+      options,
+    );
+  }
+  override get details(): unknown {
+    return {
+      stepId: this.stepId,
+      childRunId: this.childRunId,
+      status: this.status,
+      summary: this.summary,
+    };
   }
 }
 

@@ -48,6 +48,7 @@ import {
 } from './operations/reading.js';
 import {
   registerAgent,
+  registerPlan,
   registerAll,
   registerSignals,
   registerOperator,
@@ -76,6 +77,7 @@ export {
   type ConcurrencyWait,
   type PendingApproval,
   type PendingWait,
+  type RunChild,
   type RunReport,
   type RunRouting,
   type RunUsage,
@@ -86,6 +88,7 @@ export type { SingletonOptions } from './operations/singleton.js';
 export type { DebounceInfo, DebounceOptions } from './operations/debounce.js';
 export type { SignalOptions, SignalReceipt, StartSignal } from './operations/signals.js';
 export type { SignalSchema } from './actors/runtime-registry.js';
+export type { RunParent } from './actors/runtime-meta.js';
 export type { ScheduleInfo } from './operations/schedules.js';
 export type { OverlapPolicy, ScheduleOptions } from './worker/schedule-definition.js';
 export type { FireOutcome, ScheduleFire } from './worker/schedule-store.js';
@@ -98,6 +101,11 @@ export interface RuntimeOptions extends CoreOptions {
   tools?: readonly ToolDefinition[];
   /** Agents (more with `runtime.agent`). */
   agents?: readonly AgentDefinition[];
+  /**
+   * Plans by name (more with `runtime.plan`): what `run` steps start child runs of
+   * (`{ kind: 'run', plan: '<name>' }`).
+   */
+  plans?: Record<string, Plan | PlanInput>;
   /**
    * Asked before every approve, reject and skip, after the gate's `approvers` allowed it: `by` is
    * only what the caller claims, so a service that takes decisions from people checks here who
@@ -150,6 +158,11 @@ export interface Runtime {
   tool(definition: ToolDefinition): Runtime;
   /** Registers an agent (see `defineAgent`); agent steps name it. */
   agent(definition: AgentDefinition, options?: RegisterOptions): Runtime;
+  /**
+   * Registers `plan` under `name`: a `run` step naming `name` (`{ kind: 'run', plan: name }`)
+   * starts a child run of it. Every worker that may take such a step registers the same plans.
+   */
+  plan(name: string, plan: Plan | PlanInput | string): Runtime;
   /**
    * Registers a policy: `policy_check` steps name it; with `appliesTo: { tags }` it is also checked
    * before every step whose `policyTags` include one of the tags. It returns `{ allow: true }` or
@@ -361,6 +374,10 @@ export function createRuntime(options: RuntimeOptions): Runtime {
     },
     agent(definition, registerOptions) {
       registerAgent(core.registry, definition, registerOptions);
+      return runtime;
+    },
+    plan(name, plan) {
+      registerPlan(core.registry, name, plan);
       return runtime;
     },
     signals(planName, schemas) {

@@ -24,6 +24,7 @@ import type { RunEvent } from '../schemas/events.js';
 import { journaledReplyOf } from './unit-start.js';
 import { RuntimeMeta } from './runtime-meta.js';
 import { RuntimeQueues } from './runtime-queues.js';
+import { runEnded } from './child.js';
 import { RuntimeRegistry } from './runtime-registry.js';
 import { RuntimeStores } from './runtime-stores.js';
 import {
@@ -350,6 +351,7 @@ export class RuntimeCore {
       meta: this.meta,
       finishedRunsMs: retention.finishedRunsMs,
     });
+    this.queues.onEnded = (runId, snapshot) => runEnded(this, runId, snapshot);
   }
 
   /** Feeds an event to a run and enqueues what became due. */

@@ -19,7 +19,8 @@ export const JobName = {
   deadline: 'deadline',
   /**
    * Wake wait step `stepId` (attempt `attempt`): a signal it waits for arrived, or its time (a
-   * timer, a signal wait's timeout) came. See `wait.ts`.
+   * timer, a signal wait's timeout) came (see `wait.ts`); or run step `stepId`'s child run ended
+   * (see `child.ts`).
    */
   wake: 'wake',
   /**
@@ -238,6 +239,24 @@ export function signalWakeJob(
     name: JobName.wake,
     data: { runId, stepId, attempt },
     opts: { jobId: signalWakeJobId(runId, stepId, attempt, index, name) },
+  };
+}
+
+/**
+ * The id of the job that wakes attempt `attempt` of run step `stepId` when its child run ended:
+ * one per attempt (one child per attempt), added by the child's end and by any sweep or guard of
+ * the parent that finds the child ended.
+ */
+export function childWakeJobId(runId: string, stepId: string, attempt: number): string {
+  return `w|${enc(runId)}|${stepId}|${attempt}|c`;
+}
+
+/** The job that wakes a run step waiting for its child run (see {@link childWakeJobId}). */
+export function childWakeJob(runId: string, stepId: string, attempt: number): JobSpec {
+  return {
+    name: JobName.wake,
+    data: { runId, stepId, attempt },
+    opts: { jobId: childWakeJobId(runId, stepId, attempt) },
   };
 }
 

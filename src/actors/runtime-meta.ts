@@ -39,6 +39,50 @@ export interface RunMeta {
   priority: number;
   /** The singleton key the run holds (see `StartOptions.singleton`), released when it ends. */
   singleton: string | null;
+  /** For a child run (started by a `run` step): the parent run, its step and that step's attempt. */
+  parent: RunParent | null;
+}
+
+/** The run and step (attempt) that started a child run. */
+export interface RunParent {
+  runId: string;
+  stepId: string;
+  attempt: number;
+}
+
+/** The meta fields that link a child run to its parent (see {@link RunParent}). */
+export function parentFields(parent: RunParent): Record<string, string> {
+  return {
+    parentRunId: parent.runId,
+    parentStepId: parent.stepId,
+    parentAttempt: String(parent.attempt),
+  };
+}
+
+/** The parent a run's stored meta names, or null. */
+export function parentOf(raw: Readonly<Record<string, string>>): RunParent | null {
+  const runId = raw['parentRunId'];
+  const stepId = raw['parentStepId'];
+  if (runId === undefined || stepId === undefined) return null;
+  return { runId, stepId, attempt: Number(raw['parentAttempt'] ?? 1) };
+}
+
+/** The meta field of a parent that records the child of attempt `attempt` of run step `stepId`. */
+export const childField = (stepId: string, attempt: number): string => `child:${stepId}:${attempt}`;
+
+/** The children a parent's stored meta records, in step then attempt order. */
+export function childrenOf(
+  raw: Readonly<Record<string, string>>,
+): { stepId: string; attempt: number; runId: string }[] {
+  const out: { stepId: string; attempt: number; runId: string }[] = [];
+  for (const [field, runId] of Object.entries(raw)) {
+    if (!field.startsWith('child:')) continue;
+    const at = field.lastIndexOf(':');
+    out.push({ stepId: field.slice(6, at), attempt: Number(field.slice(at + 1)), runId });
+  }
+  return out.sort((a, b) =>
+    a.stepId === b.stepId ? a.attempt - b.attempt : a.stepId < b.stepId ? -1 : 1,
+  );
 }
 
 /**
@@ -104,6 +148,7 @@ export class RuntimeMeta {
       queue: raw['queue'] ?? null,
       priority: Number(raw['priority'] ?? 0) || 0,
       singleton: raw['singleton'] ?? null,
+      parent: parentOf(raw),
     };
     if (this.#metaCache.size > 10_000) this.#metaCache.clear();
     this.#metaCache.set(runId, meta);

@@ -13,6 +13,7 @@ import type { Plan } from '../plan/schema.js';
 import type { Keys } from '../persistence/keys.js';
 import { createStreamWatcher, type StreamWatcher } from '../persistence/stream-watcher.js';
 import { createRunChannels, type RunChannels } from '../persistence/run-channels.js';
+import { readRunStatus } from '../persistence/run-lookups.js';
 import type { RuntimeMeta } from './runtime-meta.js';
 import { runSlotOf, stepSlotOf, type ConcurrencySlot } from '../plan/concurrency.js';
 import {
@@ -31,6 +32,7 @@ import {
   plannedJobs,
   unitJobsGlob,
   signalWakeJob,
+  childWakeJob,
   timerJobId,
   itemJob,
   mapEndJob,
@@ -116,6 +118,13 @@ export class RuntimeQueues {
   readonly #maps: MapStore;
   readonly #jobDefaults: typeof JOB_DEFAULTS;
   readonly #finishedRunsMs: number | undefined;
+
+  /**
+   * Called each time a run is found ended, before it leaves the active runs (so that a crash in it
+   * is met again by the run's next sweep): a child run wakes its parent, a cancelled parent cancels
+   * its children (`child.ts`: `runEnded`, set by the runtime core).
+   */
+  onEnded: ((runId: string, snapshot: RunSnapshot) => Promise<void>) | undefined;
 
   /** Opens nothing: the queue, the subscriber and the watcher are made on first use. */
   constructor(options: RuntimeQueuesOptions) {
@@ -210,7 +219,8 @@ export class RuntimeQueues {
     const jobs = await this.#dueUncarried(runId, envelope, self);
     if (jobs.length > 0) await this.add(jobs);
     await this.#mapsDue(runId, snapshot);
-    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#ended(runId, String(snapshot.value));
+    if (snapshot.status !== 'active' || snapshot.value === 'failed')
+      await this.#ended(runId, snapshot);
   }
 
   /**
@@ -244,6 +254,36 @@ export class RuntimeQueues {
     await this.add(jobs);
   }
 
+  /**
+   * A run that ended: the end hook, then its end (`RuntimeMeta.ended`), then its concurrency slot
+   * given back.
+   */
+  async #ended(runId: string, snapshot: RunSnapshot): Promise<void> {
+    await this.onEnded?.(runId, snapshot);
+    await this.#meta.ended(runId, String(snapshot.value));
+    // A slot not given back now is freed once its lease lapses and the run is found ended.
+    await this.releaseRunSlot(runId).catch(() => {});
+  }
+
+  /**
+   * The wake jobs of the run's steps that wait for a child run that has ended (one status read per
+   * such step, on the child's own key): a child whose end did not reach its parent (a crash
+   * between the two) is healed by any guard or sweep of the parent.
+   */
+  async childWakes(runId: string, snapshot: RunSnapshot): Promise<JobSpec[]> {
+    if (snapshot.status !== 'active') return [];
+    const jobs: JobSpec[] = [];
+    for (const s of runSteps(snapshot)) {
+      const child = s.status === 'WAITING' ? s.wait?.child : undefined;
+      if (child === undefined) continue;
+      const status = await readRunStatus(this.#redis, this.#keys, child);
+      if (status === 'succeeded' || status === 'failed' || status === 'cancelled') {
+        jobs.push(childWakeJob(runId, s.stepId, s.attempt));
+      }
+    }
+    return jobs;
+  }
+
   /** The jobs the run's snapshot says are due, but a unit an active carrier runs (see above). */
   async #dueUncarried(
     runId: string,
@@ -254,6 +294,8 @@ export class RuntimeQueues {
       ...dueJobs(runId, envelope.snapshot, this.#clock()),
       // A signal wait whose signal is in the inbox: its sender's wake-up may have been lost.
       ...(await this.signalWakes(runId, envelope.snapshot)),
+      // A run step whose child ended: the child's wake-up of it may have been lost.
+      ...(await this.childWakes(runId, envelope.snapshot)),
     ];
     const carried = parseCarrierNote(envelope.carrier);
     if (carried !== null && carried.job !== self) {
@@ -306,7 +348,8 @@ export class RuntimeQueues {
       jobs.length > 0 ? this.add(jobs) : undefined,
     ]);
     await this.#mapsDue(runId, snapshot);
-    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#ended(runId, String(snapshot.value));
+    if (snapshot.status !== 'active' || snapshot.value === 'failed')
+      await this.#ended(runId, snapshot);
     if (finished.length === 0 || (await version(runId)) !== envelope.version) return [];
     await this.redriveDue(runId, envelope);
     return finished;
@@ -396,14 +439,8 @@ export class RuntimeQueues {
     if (!applied.committed) return this.enqueueDue(runId, applied.envelope);
     const jobs = plannedJobs(runId, snapshot, applied.transition.planned, this.#clock());
     if (jobs.length > 0) await this.add(jobs);
-    if (snapshot.status !== 'active' || snapshot.value === 'failed') await this.#ended(runId, String(snapshot.value));
-  }
-
-  /** A run that ended: its keys' expiry and its leaving the active runs, then its slot given back. */
-  async #ended(runId: string, status: string): Promise<void> {
-    await this.#meta.ended(runId, status);
-    // A slot not given back now is freed once its lease lapses and the run is found ended.
-    await this.releaseRunSlot(runId).catch(() => {});
+    if (snapshot.status !== 'active' || snapshot.value === 'failed')
+      await this.#ended(runId, snapshot);
   }
 
   /**

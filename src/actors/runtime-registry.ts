@@ -7,7 +7,7 @@ import type { JsonValue } from '../internal/json.js';
 import type { Logger } from '../logging.js';
 import type { ModelClient } from '../llm/openai-client.js';
 import { createTokenCounter, type TokenCounter } from '../llm/tokens.js';
-import type { PlanStep } from '../plan/schema.js';
+import type { Plan, PlanStep } from '../plan/schema.js';
 
 /** The schema of a signal's payload: a zod schema (anything with zod's `safeParse`). */
 export interface SignalSchema {
@@ -43,6 +43,8 @@ export class RuntimeRegistry implements ModelClients {
   readonly signals = new Map<string, Record<string, SignalSchema>>();
   /** The tools, by name. */
   readonly tools: ToolRegistry = createToolRegistry();
+  /** The plans `run` steps start child runs of, by the name they are registered under. */
+  readonly plans = new Map<string, Plan>();
   readonly #clients = modelClients();
   readonly #counters = new Map<string, TokenCounter>();
   readonly #log: Logger;

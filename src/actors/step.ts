@@ -32,6 +32,7 @@ import { takeSlots, wakeJobIdOf, withRecords } from './concurrency.js';
 import type { RunEventRecord } from '../persistence/snapshot-store.js';
 import { runWaitUnit } from './wait.js';
 import { runMapUnit } from './map.js';
+import { runChildUnit } from './child.js';
 import { skipIfUntaken } from './condition.js';
 import {
   admitUnit,
@@ -81,6 +82,8 @@ export async function runStepUnit(
     if (admitted.step.kind === 'wait') return await runWaitUnit(host, data, admitted);
     // A map step's own unit starts its items (map.ts), each a unit of its own (map-item.ts).
     if (admitted.step.kind === 'map') return await runMapUnit(host, data, admitted, chain);
+    // A run step runs no code either: its unit starts a child run and waits for it (child.ts).
+    if (admitted.step.kind === 'run') return await runChildUnit(host, data, admitted);
     return await heldAttempt(host, { data, chain, admitted, records: slots.records }, jobSignal);
   } finally {
     await slots.release();

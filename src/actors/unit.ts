@@ -35,7 +35,8 @@ import {
   type RunTransition,
   type StepState,
 } from '../machines/kernel.js';
-import type { PlanStep } from '../plan/schema.js';
+import type { Plan, PlanStep } from '../plan/schema.js';
+import { inTree, treeBudgetOver } from './child-budgets.js';
 import type { SnapshotEnvelope } from '../persistence/codec.js';
 import type { CommitOptions, RunEventRecord } from '../persistence/snapshot-store.js';
 import { formatUnitNote, type WorkerIdentity } from '../persistence/unit-notes.js';
@@ -74,7 +75,21 @@ export interface UnitHost {
   identity: WorkerIdentity;
   /** The running attempts by abort message (see `abortMessage`): a run cancel aborts them. */
   aborts: Map<string, AbortController>;
+  /** Starts a child run, or finds the one a start with the same id made (see `child.ts`). */
+  startRun?: StartChildRun;
 }
+
+/**
+ * Starts child run `opts.runId` of `plan` with `input` and the meta fields `links` (its parent),
+ * or finds it when a start with the same id, plan, input and tenant created it already; the start
+ * path of the runtime (`worker/start-run.ts`), handed down by the worker.
+ */
+export type StartChildRun = (
+  plan: Plan,
+  input: JsonValue,
+  opts: { runId: string; tenantId: string; queue: string | null },
+  links: Record<string, string>,
+) => Promise<unknown>;
 
 /** Options of {@link createUnitHost}. */
 export interface UnitHostOptions {
@@ -82,6 +97,8 @@ export interface UnitHostOptions {
   leaseMs: number;
   /** Who runs the units. */
   identity: WorkerIdentity;
+  /** How child runs are started (see {@link StartChildRun}); without it a run step cannot run. */
+  startRun?: StartChildRun;
 }
 
 /** The composition root of a worker's units: every hook named once, from the runtime's core. */
@@ -94,6 +111,7 @@ export function createUnitHost(core: RuntimeCore, options: UnitHostOptions): Uni
     histories,
     identity: options.identity,
     aborts: new Map(),
+    ...(options.startRun === undefined ? {} : { startRun: options.startRun }),
     execution: {
       operators: core.registry.operators,
       policies: core.registry.policies,
@@ -389,6 +407,15 @@ export async function admitLoaded(
     const used = attemptsMade(runSteps(env.snapshot));
     if (used > budgets.maxSteps) {
       await stopForBudget(host, runId, env, { budget: 'maxSteps', limit: budgets.maxSteps, used });
+      return 'budget';
+    }
+  }
+  // Runs with a parent or children: their budgets bind the sum over the tree (child-budgets.ts).
+  if (inTree(meta)) {
+    const over = await treeBudgetOver(core, runId, meta);
+    if (over !== null) {
+      const at = over.runId === runId ? env : await core.host.load(over.runId);
+      await stopForBudget(host, over.runId, at, over.detail);
       return 'budget';
     }
   }

@@ -30,6 +30,7 @@ import { END } from '../execution/conversation.js';
 import type { RunEvent } from '../schemas/events.js';
 import type { JobData } from './jobs.js';
 import { failed, type Admitted, type UnitHost } from './unit.js';
+import { runChildWake } from './child.js';
 
 /** What a wait decided: events to commit, nothing to do yet, or a timer woken early. */
 type WaitDecision = { events: RunEvent[] } | { idle: true } | { laterMs: number };
@@ -55,6 +56,9 @@ export async function runWakeUnit(
   host: UnitHost,
   data: JobData,
 ): Promise<string | { retryAfterMs: number }> {
+  const step = (await host.core.meta.read(data.runId)).plan.steps.find((s) => s.id === data.stepId);
+  // A run step's child ended: child.ts takes its end.
+  if (step?.kind === 'run') return runChildWake(host, data);
   return settleWait(host, data, await host.core.host.load(data.runId), 'WAITING');
 }
 

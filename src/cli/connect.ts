@@ -318,6 +318,7 @@ export async function connect(options: ConnectOptions): Promise<Connection> {
           ? {}
           : {
               operators: job.operators,
+              plans: job.plans,
               policies: job.policies,
               tools: job.tools,
               agents: job.agents,

@@ -61,6 +61,8 @@ export interface JobModule {
   /** Its absolute path. */
   file: string;
   plan: Plan;
+  /** The plans its `run` steps start child runs of, by name (its `plans` export). */
+  plans: Record<string, Plan>;
   operators: Record<string, Operator>;
   /** Policies by name: what `policy_check` steps name and what guards tagged steps. */
   policies: Record<string, PolicyExport>;
@@ -128,7 +130,11 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
     checkAgentTools(name, plan, agents);
   }
   const policies = checkPolicies(name, mod['policies'], plan);
-  checkOperatorSteps(name, plan, operators);
+  const plans = await loadPlans(name, mod['plans']);
+  for (const p of [plan, ...Object.values(plans)]) {
+    checkOperatorSteps(name, p, operators);
+    checkRunSteps(name, p, plans);
+  }
 
   const input = checkInput(name, mod['input']);
   const setup = mod['setup'];
@@ -151,6 +157,7 @@ export async function loadJobModule(path: string | undefined, cwd: string): Prom
     path,
     file,
     plan,
+    plans,
     signals,
     operators,
     policies,
@@ -291,6 +298,35 @@ function checkOperatorSteps(name: string, plan: Plan, operators: Record<string, 
   }
 }
 
+/** The module's `plans` export: `{ <name>: plan }`, each checked as its `plan` is. */
+async function loadPlans(name: string, exported: unknown): Promise<Record<string, Plan>> {
+  if (exported === undefined) return {};
+  if (!isRecord(exported)) {
+    badInput(
+      `job module ${name}: plans must be an object of plans by name, e.g. \`export const plans = { research: { name: 'research', steps: [...] } }\``,
+    );
+  }
+  const out: Record<string, Plan> = {};
+  for (const [planName, value] of Object.entries(exported)) {
+    out[planName] = await loadPlan(`${name} (plans.${planName})`, value);
+  }
+  return out;
+}
+
+/**
+ * Refuses a run step naming a plan the module's `plans` do not hold: its child could never start.
+ * Nothing is written (the module is checked before anything connects).
+ */
+function checkRunSteps(name: string, plan: Plan, plans: Record<string, Plan>): void {
+  plan.steps.forEach((step, i) => {
+    if (step.kind !== 'run' || plans[step.plan] !== undefined) return;
+    const known = Object.keys(plans).join(', ') || 'none';
+    badInput(
+      `job module ${name}: plan "${plan.name}" steps[${i}].plan names plan "${step.plan}" (run step "${step.id}"), which the module's plans do not hold (it holds: ${known}); add it to \`export const plans = { "${step.plan}": … }\``,
+    );
+  });
+}
+
 /** The module's default run input, refused unless it is plain JSON (a run's input is stored). */
 function checkInput(name: string, input: unknown): JsonValue | undefined {
   if (input !== undefined) {
@@ -318,6 +354,7 @@ export const JOB_EXPORTS = [
   'schedules',
   'queue',
   'rateLimits',
+  'plans',
 ] as const;
 
 /** The module's `rateLimits`, checked as `createRuntime` checks them. */

@@ -433,8 +433,19 @@ export function attemptsOf(events: readonly StoredRunEvent[]): AttemptTimeline[]
 /** `flujo list`: one row per run. */
 export function listLines(runs: readonly RunListEntry[], now: number): string[] {
   if (runs.length === 0) return ['no runs'];
+  // A PARENT column when a child run is listed.
+  const family = runs.some((r) => r.parentRunId != null);
   const rows = [
-    ['RUN', 'PLAN', 'TENANT', 'STATUS', 'STARTED', 'DURATION', 'STEP'],
+    [
+      'RUN',
+      'PLAN',
+      'TENANT',
+      'STATUS',
+      'STARTED',
+      'DURATION',
+      'STEP',
+      ...(family ? ['PARENT'] : []),
+    ],
     ...runs.map((r) => [
       r.runId,
       r.planName,
@@ -443,6 +454,7 @@ export function listLines(runs: readonly RunListEntry[], now: number): string[] 
       time(r.createdAt),
       duration(r.endedAt === null ? now - r.createdAt : r.durationMs),
       stepText(r),
+      ...(family ? [r.parentRunId ?? ''] : []),
     ]),
   ];
   const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
@@ -627,7 +639,34 @@ export function statusLines(
     const who = w.stepId === null ? 'the run is' : `step ${w.stepId} is`;
     lines.push(`  ${who} ${w.message}, since ${clock(w.since)}`);
   }
-  return lines.concat(lineageLines(report), summaryLines(report, undefined, options).slice(1));
+  return lines.concat(
+    lineageLines(report),
+    familyLines(report),
+    summaryLines(report, undefined, options).slice(1),
+  );
+}
+
+/**
+ * A run's place in its tree of runs for `flujo status`: the run and step that started it, and the
+ * child runs its `run` steps started, each with its status (none: no lines).
+ */
+export function familyLines(report: Pick<RunReport, 'runId' | 'parent' | 'children'>): string[] {
+  const lines: string[] = [];
+  const p = report.parent ?? null;
+  if (p !== null) {
+    lines.push(`  parent: ${p.runId} (step ${p.stepId}, attempt ${p.attempt})`);
+  }
+  const children = report.children ?? [];
+  if (children.length > 0) {
+    lines.push(`  children of ${report.runId}:`);
+    children.forEach((c, i) => {
+      const branch = i === children.length - 1 ? '└─' : '├─';
+      lines.push(
+        `    ${branch} ${c.stepId} (attempt ${c.attempt}) → ${c.runId}  ${c.status ?? 'not found'}`,
+      );
+    });
+  }
+  return lines;
 }
 
 /**

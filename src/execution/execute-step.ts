@@ -505,6 +505,9 @@ async function executeOnce(
       case 'map':
         // A map step runs its items, each a unit of its own (actors/map-item.ts).
         throw new InvariantError(`map step "${step.id}" was handed to an operator's execution`);
+      case 'run':
+        // A run step is driven by its own unit (actors/child.ts), never executed.
+        throw new InvariantError(`run step "${step.id}" was handed to an operator's execution`);
       default: {
         const name = step.operator;
         const op = deps.operators.get(name);

@@ -30,6 +30,12 @@ export const DebugPoint = {
   beforeCommit: 'before-commit',
   /** A signal is in the run's inbox; the wait step that may take it is not yet woken. */
   afterSignalAppend: 'after-signal-append',
+  /** A run step's child run is created and queued; the step is not yet committed waiting for it. */
+  afterChildStart: 'after-child-start',
+  /** A run step is committed waiting for its child run; what became due is not yet enqueued. */
+  afterChildWait: 'after-child-wait',
+  /** A child run ended (its end committed); its parent's step is not yet woken. */
+  afterChildEnd: 'after-child-end',
   /** A schedule's fire is recorded `started`; its run is not yet created. */
   afterFireRecorded: 'after-fire-recorded',
   /** A map step's items are stored and the first dispatched; its start is not yet committed. */

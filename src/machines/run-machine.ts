@@ -506,7 +506,10 @@ export const runMachine = setup({
         assign({
           steps: ({ context, event }) => ({
             ...context.steps,
-            [event.stepId]: { status: event.status, attempt: event.attempt },
+            [event.stepId]:
+              event.planned?.type === 'step.wait' && event.planned.child !== undefined
+                ? { status: event.status, attempt: event.attempt, child: true as const }
+                : { status: event.status, attempt: event.attempt },
           }),
           updatedAt: ({ context, event }) => Math.max(context.updatedAt, event.at),
           cancelOrdered: ({ context, event }) =>

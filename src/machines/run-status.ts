@@ -19,7 +19,8 @@ const satisfies = (view: StepView | undefined): boolean =>
  *   or the runtime stopped the run (a budget), else `succeeded` (every step SUCCEEDED or SKIPPED);
  * - otherwise `running` while any step is running, ready (or pending with its dependencies met) or
  *   due for a retry, else `waiting` (only a person deciding on a gate or a call, a signal or a
- *   wait step's time can move the run on: WAITING_APPROVAL and WAITING steps are not active).
+ *   wait step's time can move the run on: WAITING_APPROVAL and WAITING steps are not active, but
+ *   for a run step waiting for its child run, which works meanwhile).
  */
 export function deriveRunStatus({
   steps,
@@ -38,6 +39,8 @@ export function deriveRunStatus({
     if (!isFinalStepStatus(s)) allFinal = false;
     if (s === 'FAILED_FINAL' || s === 'CANCELLED') anyFailed = true;
     if (s === 'RUNNING' || s === 'READY' || s === 'FAILED_RETRYABLE') anyActive = true;
+    // A step waiting for its child run: the child works, so the run does.
+    if (s === 'WAITING' && view.child === true) anyActive = true;
   }
   if (allFinal) {
     if (cancelRequested) return 'cancelled';

@@ -102,6 +102,7 @@ function planFor(status: StepStatus, context: StepContext): PlannedAction | null
         stepId: context.stepId,
         attempt: context.attempt,
         dueAt: context.wait?.dueAt ?? null,
+        ...(context.wait?.child === undefined ? {} : { child: context.wait.child }),
       };
     case 'CANCELLED':
     case 'SKIPPED':
@@ -194,7 +195,12 @@ export const stepMachine = setup({
       event.type !== 'wait.started'
         ? {}
         : {
-            wait: { signal: event.signal ?? null, dueAt: event.dueAt ?? null, since: event.at },
+            wait: {
+              signal: event.signal ?? null,
+              dueAt: event.dueAt ?? null,
+              since: event.at,
+              ...(event.child === undefined ? {} : { child: event.child }),
+            },
             updatedAt: event.at,
           },
     ),
@@ -459,7 +465,11 @@ export const stepMachine = setup({
       entry: { type: 'report', params: ({ context }) => stepReport('WAITING', context) },
       on: {
         'step.succeeded': { guard: 'isCurrentAttempt', target: 'SUCCEEDED', actions: 'succeed' },
-        'step.failed': { guard: 'isCurrentAttempt', target: 'FAILED_FINAL', actions: 'failFinal' },
+        'step.failed': [
+          // A run step whose child failed: its retry policy decides (a new attempt, a new child).
+          { guard: 'canRetry', target: 'FAILED_RETRYABLE', actions: 'failRetryable' },
+          { guard: 'isCurrentAttempt', target: 'FAILED_FINAL', actions: 'failFinal' },
+        ],
         // A conversation step with a message to take: its next turn is due.
         'wait.woken': {
           guard: 'isCurrentAttempt',

@@ -13,7 +13,13 @@
 import { jsonText } from '../internal/json-text.js';
 import type { RunSnapshot } from './kernel.js';
 import { statusOf, type RunContext } from './run-machine.js';
-import { isFinalStepStatus, type StepContext, type StepStatus, type StepView } from './types.js';
+import {
+  isFinalStepStatus,
+  type StepContext,
+  type StepStatus,
+  type StepView,
+  type WaitState,
+} from './types.js';
 
 /** The stored form (schema version 3). */
 export interface StoredRunSnapshot {
@@ -326,7 +332,13 @@ export function joinRunParts(
     const output = outputs[id];
     if (output !== undefined) step['output'] = JSON.parse(output) as unknown;
     steps[id] = step;
-    views[id] = w ?? { status: rest.v, attempt: rest.attempt ?? 0 };
+    const waitsForChild =
+      rest.v === 'WAITING' && typeof (rest['wait'] as WaitState | undefined)?.child === 'string';
+    views[id] =
+      w ??
+      (waitsForChild
+        ? { status: rest.v, attempt: rest.attempt ?? 0, child: true }
+        : { status: rest.v, attempt: rest.attempt ?? 0 });
   }
   const { runId, planName, ...rest } = run.c;
   const context = {

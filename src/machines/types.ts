@@ -104,7 +104,14 @@ export type PlannedAction =
   | { type: 'step.scheduleRetry'; stepId: string; attempt: number; at: number; delayMs: number }
   | { type: 'step.requestApproval'; stepId: string }
   /** A wait step started waiting: a timer (or a signal wait's timeout) is due at `dueAt`. */
-  | { type: 'step.wait'; stepId: string; attempt: number; dueAt: number | null }
+  | {
+      type: 'step.wait';
+      stepId: string;
+      attempt: number;
+      dueAt: number | null;
+      /** A run step: the child run it waits for (its end wakes the step). */
+      child?: string;
+    }
   | { type: 'step.abort'; stepId: string; attempt: number };
 
 /** What a step tells its run each time it enters a state. */
@@ -121,6 +128,8 @@ export interface StepReport {
 export interface StepView {
   status: StepStatus;
   attempt: number;
+  /** WAITING for a child run, which works meanwhile: the run counts as running. */
+  child?: true;
 }
 
 /** The context of a step machine: plain JSON. */
@@ -184,12 +193,15 @@ export interface FallbackPhase {
 
 /**
  * What a WAITING step waits for: the next signal `signal` (until `dueAt` when it has a timeout),
- * or the time `dueAt` (a timer), computed once when it started waiting (`since`).
+ * the time `dueAt` (a timer), or the end of the child run `child`, computed once when it started
+ * waiting (`since`).
  */
 export interface WaitState {
   signal: string | null;
   dueAt: number | null;
   since: number;
+  /** A run step: the id of the child run it waits for. */
+  child?: string;
 }
 
 /**

@@ -8,6 +8,7 @@ import { actionScopesOf } from '../execution/action-keys.js';
 import type { RuntimeCore } from '../actors/core.js';
 import { RUN_WAIT_FIELD, type SlotWaitNote } from '../actors/concurrency.js';
 import { slotWaitText } from '../plan/concurrency.js';
+import { childrenOf, type RunMeta, type RunParent } from '../actors/runtime-meta.js';
 import type { JsonValue } from '../internal/json.js';
 import { runSteps, runStatus, type RunSnapshot, type StepState } from '../machines/kernel.js';
 import type { PendingCall, RunStatus } from '../machines/types.js';
@@ -119,6 +120,10 @@ export interface RunReport {
   concurrency?: ConcurrencyWait[];
   /** How far each map step that started has come, by step id (its latest attempt). */
   maps: Record<string, MapProgressReport>;
+  /** For a child run (started by a `run` step): the run, step and attempt that started it. */
+  parent: RunParent | null;
+  /** The child runs its `run` steps started, by step then attempt, with their status. */
+  children: RunChild[];
 }
 
 /** A unit waiting for a concurrency slot (see {@link RunReport.concurrency}). */
@@ -183,6 +188,15 @@ async function mapsOf(
     out[step.id] = { total, done, failed, running };
   }
   return out;
+}
+
+/** A child run a `run` step started (see {@link RunReport.children}). */
+export interface RunChild {
+  stepId: string;
+  attempt: number;
+  runId: string;
+  /** Its status, or null when it is not found (removed by retention, or not created yet). */
+  status: RunStatus | null;
 }
 
 /** See {@link RunReport.routing}. */
@@ -368,7 +382,23 @@ export async function readReport(core: RuntimeCore, runId: string): Promise<RunR
     progress: progressOf(progress),
     concurrency: status === 'running' ? await concurrencyWaits(core, runId) : [],
     maps: await mapsOf(core, runId, meta.plan),
+    parent: meta.parent,
+    children: await childrenReport(core, runId, meta),
   };
+}
+
+/** The children the run's meta records, each with its status (one read each). */
+async function childrenReport(
+  core: RuntimeCore,
+  runId: string,
+  meta: RunMeta,
+): Promise<RunChild[]> {
+  if (!meta.plan.steps.some((s) => s.kind === 'run')) return [];
+  const listed = childrenOf(await core.stores.store.loadMeta(runId));
+  const statuses = await Promise.all(
+    listed.map((c) => readRunStatus(core.redis, core.stores.keys, c.runId)),
+  );
+  return listed.map((c, i) => ({ ...c, status: (statuses[i] ?? null) as RunStatus | null }));
 }
 
 /** The run's persisted snapshot as stored (`runtime.snapshot`). */

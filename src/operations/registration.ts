@@ -3,7 +3,8 @@
  * one by one. Each a plain function of the runtime's registry.
  */
 import type { RuntimeRegistry, SignalSchema } from '../actors/runtime-registry.js';
-import { signalNameSchema } from '../plan/schema.js';
+import { signalNameSchema, type Plan, type PlanInput } from '../plan/schema.js';
+import { parsePlan } from '../plan/parse-plan.js';
 import type { Operator } from '../execution/execute-step.js';
 import {
   definePolicy,
@@ -18,6 +19,7 @@ import type { ToolDefinition } from '../tools/define-tool.js';
 /** What the runtime's options register. */
 export interface Registrations {
   operators?: Record<string, Operator>;
+  plans?: Record<string, Plan | PlanInput>;
   tools?: readonly ToolDefinition[];
   agents?: readonly AgentDefinition[];
   policies?: Record<string, PolicyExport>;
@@ -46,6 +48,7 @@ export function registerAll(registry: RuntimeRegistry, given: Registrations): vo
   for (const [name, fn] of Object.entries(given.operators ?? {})) registry.operators.set(name, fn);
   for (const tool of given.tools ?? []) registry.tools.register(tool);
   for (const agent of given.agents ?? []) registry.agents.set(agent.name, agent);
+  for (const [name, plan] of Object.entries(given.plans ?? {})) registerPlan(registry, name, plan);
   for (const [name, exported] of Object.entries(given.policies ?? {})) {
     const policy =
       typeof exported === 'function'
@@ -138,4 +141,25 @@ export function registerSignals(
   }
   if (issues.length > 0) throw new InputValidationError('signals', issues);
   registry.signals.set(planName, { ...schemas });
+}
+
+/**
+ * Registers `plan` under `name` (`runtime.plan`): the plan `run` steps naming `name` start child
+ * runs of. Checked now (a plan that does not parse is refused with its issues); a later one of the
+ * same name replaces it.
+ */
+export function registerPlan(
+  registry: RuntimeRegistry,
+  name: string,
+  plan: Plan | PlanInput | string,
+): void {
+  if (typeof name !== 'string' || name === '' || name.length > 200) {
+    throw new InputValidationError('plan', [
+      {
+        path: 'name',
+        message: `must be a non-empty string of at most 200 characters, e.g. runtime.plan("research", plan), got ${JSON.stringify(name)}`,
+      },
+    ]);
+  }
+  registry.plans.set(name, parsePlan(plan));
 }

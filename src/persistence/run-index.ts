@@ -18,6 +18,8 @@ export interface RunIndexEntry {
   planName: string;
   tenantId: string;
   createdAt: number;
+  /** A child run's parent run (absent for a run without one). */
+  parentRunId?: string | null;
   /** Once the run ended: its final status and when. */
   end: { status: string; at: number } | null;
 }
@@ -123,8 +125,13 @@ export function createRunIndex(redis: Redis, keys: Keys, clock: () => number = D
   };
 
   return {
-    async add({ runId, planName, tenantId, createdAt }) {
-      const shown = JSON.stringify({ p: planName, t: tenantId, c: createdAt });
+    async add({ runId, planName, tenantId, createdAt, parentRunId }) {
+      const shown = JSON.stringify({
+        p: planName,
+        t: tenantId,
+        c: createdAt,
+        ...(parentRunId == null ? {} : { pr: parentRunId }),
+      });
       await addScript(redis)(index, info, String(createdAt), runId, shown, endField(runId));
     },
     async has(runId) {
@@ -167,7 +174,7 @@ export function createRunIndex(redis: Redis, keys: Keys, clock: () => number = D
       const values = await redis.hmget(info, ...fields);
       return ids.map((runId, i) => {
         const raw = values[2 * i];
-        let known: { p?: string; t?: string; c?: number } = {};
+        let known: { p?: string; t?: string; c?: number; pr?: string } = {};
         try {
           known = raw == null ? {} : (JSON.parse(raw) as typeof known);
         } catch {
@@ -178,6 +185,7 @@ export function createRunIndex(redis: Redis, keys: Keys, clock: () => number = D
           planName: known.p ?? '',
           tenantId: known.t ?? '',
           createdAt: known.c ?? 0,
+          parentRunId: known.pr ?? null,
           end: parseEnd(values[2 * i + 1]),
         };
       });

@@ -37,6 +37,7 @@ export const stepKindSchema = z.enum([
   'human_gate',
   'wait',
   'map',
+  'run',
 ]);
 
 /**
@@ -415,6 +416,26 @@ export const mapStepSchema = z
   })
   .strict();
 
+/** A plan name as a `run` step names it: a plan registered by that name. */
+const planNameSchema = z.string().min(1).max(200);
+
+/**
+ * A step that starts a child run of the plan registered as `plan` (`runtime.plan(name, plan)`, or
+ * `plans` in a job module), with the step's `input` or else its dependencies' outputs as the
+ * child's input, and waits for it without holding a worker: the child's result is the step's
+ * output; a child that fails or is cancelled fails the step (`child_failed`), and each retry
+ * starts a new child. `onParentCancel` says what a cancel (or budget stop) of this run does to a
+ * child still going: `cancel` it (the default) or `abandon` it (it goes on alone).
+ */
+export const runStepSchema = z
+  .object({
+    kind: z.literal('run'),
+    ...commonStepShape,
+    plan: planNameSchema,
+    onParentCancel: z.enum(['cancel', 'abandon']).default('cancel'),
+  })
+  .strict();
+
 /** One step as written (its `retry` not yet resolved; {@link planSchema} resolves it). */
 export const stepSchema = z.discriminatedUnion('kind', [
   operatorStepSchema,
@@ -423,6 +444,7 @@ export const stepSchema = z.discriminatedUnion('kind', [
   humanGateStepSchema,
   waitStepSchema,
   mapStepSchema,
+  runStepSchema,
 ]);
 
 /** The step schema of each kind. */
@@ -433,6 +455,7 @@ export const stepSchemasByKind = {
   human_gate: humanGateStepSchema,
   wait: waitStepSchema,
   map: mapStepSchema,
+  run: runStepSchema,
 } as const;
 
 /** Plan-wide defaults. */
@@ -489,9 +512,14 @@ export interface MapStep extends Omit<z.output<typeof mapStepSchema>, 'retry'> {
   /** Resolved: step over plan defaults over built-ins; the policy of each item. */
   retry: RetryPolicy;
 }
+/** A parsed run step (a child run). */
+export interface RunStep extends Omit<z.output<typeof runStepSchema>, 'retry'> {
+  /** Resolved: step over plan defaults over built-ins. */
+  retry: RetryPolicy;
+}
 /** A parsed step of any kind. */
 export type PlanStep =
-  OperatorStep | AgentStep | PolicyCheckStep | HumanGateStep | WaitStep | MapStep;
+  OperatorStep | AgentStep | PolicyCheckStep | HumanGateStep | WaitStep | MapStep | RunStep;
 /** The kind of a step. */
 export type StepKind = z.output<typeof stepKindSchema>;
 /** A parsed, validated plan. Each step's `retry` is resolved, so consumers never merge again. */
@@ -820,6 +848,7 @@ export function checkPlanSemantics(plan: unknown): PlanSemanticIssue[] {
 
   issues.push(...checkConditions(steps, edges, firstIndex, allIdsReadable));
   issues.push(...checkMapSources(steps, edges, firstIndex, allIdsReadable));
+  issues.push(...checkRunSteps(steps));
 
   const ids = [...edges.keys()];
   for (const { cycle, component } of findDependencyCycles(ids, (id) => edges.get(id) ?? [])) {
@@ -832,6 +861,25 @@ export function checkPlanSemantics(plan: unknown): PlanSemanticIssue[] {
         (others.length === 0 ? '' : `; also caught in cycles with them: ${others.join(', ')}`),
     });
   }
+  return issues;
+}
+
+/**
+ * A run step's child is bounded by its own plan's budgets: the step takes no time limit or budget
+ * of its own (its attempts are children, which its retry policy numbers).
+ */
+function checkRunSteps(steps: unknown[]): Issue[] {
+  const issues: Issue[] = [];
+  steps.forEach((step: unknown, i) => {
+    if (!isRecord(step) || step.kind !== 'run') return;
+    for (const field of ['timeoutMs', 'budgets'] as const) {
+      if (step[field] === undefined) continue;
+      issues.push({
+        path: ['steps', i, field],
+        message: `a run step is bounded by its child plan's own budgets (budgets.maxWallClockMs, maxTokens, …): remove ${field} and set the child plan's budgets instead`,
+      });
+    }
+  });
   return issues;
 }
 

@@ -155,7 +155,7 @@ export const turnCommittedSchema = z
 /**
  * Attempt `attempt` of wait step `stepId` started waiting (READY → WAITING): for the next signal
  * named `signal` (until `dueAt` when the step has a `timeoutMs`), or for the time `dueAt` (a
- * timer). `dueAt` is computed once, here, so that a restart never moves it.
+ * timer); or attempt `attempt` of run step `stepId` waits for its child run `child` to end. `dueAt` is computed once, here, so that a restart never moves it.
  */
 export const waitStartedSchema = z
   .object({
@@ -164,6 +164,8 @@ export const waitStartedSchema = z
     attempt,
     signal: z.string().min(1).optional(),
     dueAt: at.optional(),
+    /** A run step: the id of the child run it waits for. */
+    child: z.string().min(1).optional(),
     at,
   })
   .strict();

@@ -310,8 +310,25 @@ function headHtml({ report, module, again, events }: RunView): string {
       `<span id="again-of">sent again from run <a class="mono" href="${h(runHref(again.runId))}">${h(again.runId)}</a> by <b>${h(again.by)}</b></span>`,
     );
   }
+  const parent = report.parent ?? null;
+  if (parent !== null) {
+    lines.push(
+      `<span id="parent-run">child of run <a class="mono" href="${h(runHref(parent.runId))}">${h(parent.runId)}</a> (step <b>${h(parent.stepId)}</b>, attempt ${parent.attempt})</span>`,
+    );
+  }
   const more = lines.length === 0 ? '' : `<div class="kv">${lines.join(' · ')}</div>`;
-  return `<div class="kv">${facts.join('')}</div>${more}${idleHtml(report, module ?? null)}`;
+  return `<div class="kv">${facts.join('')}</div>${more}${childrenHtml(report)}${idleHtml(report, module ?? null)}`;
+}
+
+/** The child runs a run's `run` steps started, each linked, with its status (none: nothing). */
+function childrenHtml(report: RunReport): string {
+  const children = report.children ?? [];
+  if (children.length === 0) return '';
+  const items = children.map(
+    (c) =>
+      `<li data-child="${h(c.runId)}">step <b>${h(c.stepId)}</b> (attempt ${c.attempt}): <a class="mono" href="${h(runHref(c.runId))}">${h(c.runId)}</a> ${c.status === null ? 'not found' : badge(c.status)}</li>`,
+  );
+  return `<div class="kv" id="children">child runs<ul>${items.join('')}</ul></div>`;
 }
 
 /** A word a POSIX shell reads as itself. */

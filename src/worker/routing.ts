@@ -20,6 +20,8 @@ const NOTE_TTL_MS = 60_000;
 export interface Missing {
   operator?: string;
   agent?: string;
+  /** The plan a run step starts a child run of. */
+  plan?: string;
 }
 
 /**
@@ -50,11 +52,13 @@ export async function missingFor(
     return agents.has(runs.agent) ? null : { agent: runs.agent };
   }
   if (runs.kind === 'operator' && !operators.has(runs.operator)) return { operator: runs.operator };
+  if (runs.kind === 'run' && !core.registry.plans.has(runs.plan)) return { plan: runs.plan };
   return null;
 }
 
 /** The words of a note: `no worker knows operator "x"` and where it was put back. */
 export function missingText(m: Missing): string {
+  if (m.plan !== undefined) return `plan "${m.plan}"`;
   return m.operator !== undefined ? `operator "${m.operator}"` : `agent "${m.agent ?? '?'}"`;
 }
 

@@ -28,6 +28,7 @@ function waitingOf(steps: readonly StepState[]): Pick<RunListEntry, 'waitingStep
   const wait = steps.find((s) => s.status === 'WAITING');
   if (wait === undefined) return { waitingStep: null, waitsFor: null };
   const w = wait.wait ?? null;
+  if (w?.child != null) return { waitingStep: wait.stepId, waitsFor: `child run ${w.child}` };
   const what =
     w?.signal != null
       ? `signal "${w.signal}"`
@@ -59,6 +60,8 @@ export interface RunListEntry {
   blockedStep: string | null;
   /** A failed run: why, as a code (`tool_input_invalid`, `budget_exceeded`, …). */
   reason: string | null;
+  /** A child run (started by a `run` step): its parent run; null for a run without one. */
+  parentRunId?: string | null;
 }
 
 const ENDED: readonly string[] = [RunStatus.succeeded, RunStatus.failed, RunStatus.cancelled];
@@ -183,6 +186,7 @@ async function current(
     planName: e.planName,
     tenantId: e.tenantId,
     createdAt: e.createdAt,
+    parentRunId: e.parentRunId ?? null,
   };
   if (e.end !== null) {
     let failure = { blockedStep: null as string | null, reason: null as string | null };

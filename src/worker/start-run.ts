@@ -55,6 +55,8 @@ export interface StartOptions {
 export interface LaunchHooks {
   /** The singleton key the run holds, recorded in its meta (released when it ends). */
   singleton?: string;
+  /** More fields of the run's meta: a child run's link to its parent (`parentFields`). */
+  links?: Readonly<Record<string, string>>;
   /**
    * Called once every check passed and before the first write, with the run id: a run it returns
    * is the start's result (nothing is created); null goes on.
@@ -164,6 +166,23 @@ function checkFallbacks(core: RuntimeCore, plan: Plan): void {
   if (issues.length > 0) throw new InputValidationError('plan', issues);
 }
 
+/**
+ * Refuses a plan whose `run` steps name a plan not registered here (`runtime.plan`, or `plans` in
+ * the job module): the child could never start.
+ */
+export function checkChildPlans(core: RuntimeCore, plan: Plan): void {
+  const issues: { path: string; message: string }[] = [];
+  plan.steps.forEach((step, i) => {
+    if (step.kind !== 'run' || core.registry.plans.has(step.plan)) return;
+    const registered = [...core.registry.plans.keys()].join(', ') || '(none)';
+    issues.push({
+      path: `steps[${i}].plan`,
+      message: `no plan "${step.plan}" is registered for run step "${step.id}"; register it with runtime.plan("${step.plan}", plan), or export plans: { "${step.plan}": plan } from the job module, before starting. Registered: ${registered}`,
+    });
+  });
+  if (issues.length > 0) throw new InputValidationError('plan', issues);
+}
+
 /** The start's cache flags as stored beside the run; refuses a flag that is not a boolean. */
 function checkCacheFlags(opts: StartOptions): Record<string, string> {
   const out: Record<string, string> = {};
@@ -229,7 +248,8 @@ export function checkStart(
  * With `retried`, a start that finds its run already there (its run id with the same plan, input,
  * tenant and request key, or its request key) is taken as the same start tried again: the run's
  * due work is enqueued again (ids make that harmless), so a start whose create succeeded and
- * whose enqueue failed is finished by starting it again.
+ * whose enqueue failed is finished by starting it again. `hooks.links` are more fields of the
+ * run's meta (a child run's parent).
  */
 export async function launchRun(
   core: RuntimeCore,
@@ -240,6 +260,7 @@ export async function launchRun(
   hooks: LaunchHooks = {},
 ): Promise<LaunchedRun> {
   const { plan, tenantId, queue, fields } = checkStart(core, planSource, input, opts);
+  checkChildPlans(core, plan);
   let runId = opts.runId ?? randomUUID();
   assertRunId(runId);
   const requestKey = opts.requestKey;
@@ -252,6 +273,7 @@ export async function launchRun(
     createdAt: String(at),
     ...fields,
     ...(hooks.singleton === undefined ? {} : { singleton: hooks.singleton }),
+    ...hooks.links,
   };
   if (opts.runId !== undefined) {
     // A request key already claimed leads to its run below; else the run id must be new.
@@ -287,7 +309,13 @@ export async function launchRun(
   // Listed before it exists: an entry whose run never got created is removed by the list.
   await Promise.all([
     core.stores.activeRuns.add(runId),
-    core.stores.runs.add({ runId, planName: plan.name, tenantId, createdAt: at }),
+    core.stores.runs.add({
+      runId,
+      planName: plan.name,
+      tenantId,
+      createdAt: at,
+      parentRunId: hooks.links?.['parentRunId'] ?? null,
+    }),
   ]);
   let created;
   const runTrace = startRunTrace(runId, {

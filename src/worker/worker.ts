@@ -24,6 +24,7 @@ import type { RuntimeCore } from '../actors/core.js';
 import { JobName, type JobData, type JobSpec } from '../actors/jobs.js';
 import { processDebounceJob, type DebounceJobData } from './debounce-job.js';
 import { processStartJob } from './start-job.js';
+import { launchRun } from './start-run.js';
 import { processScheduleJob, tendSchedules } from './schedule-firing.js';
 import { reconcileEnded } from './reconcile.js';
 import { createWorkerRegistry, type UnitEnd, type WorkerStatus } from './registry.js';
@@ -162,7 +163,20 @@ export function startWorker(core: RuntimeCore, options: WorkerOptions = {}): Flu
     id: randomUUID().slice(0, 8),
   };
   const concurrency = options.concurrency ?? 8;
-  const host = createUnitHost(core, { leaseMs: options.toolLeaseMs ?? 5000, identity });
+  const host = createUnitHost(core, {
+    leaseMs: options.toolLeaseMs ?? 5000,
+    identity,
+    // A run step's child: started through the one start path, as a start tried again.
+    startRun: (plan, input, o, links) =>
+      launchRun(
+        core,
+        plan,
+        input,
+        { runId: o.runId, tenantId: o.tenantId, ...(o.queue === null ? {} : { queue: o.queue }) },
+        true,
+        { links },
+      ),
+  });
   const registry = createWorkerRegistry({ worker: identity, concurrency, startedAt: core.clock() });
   // BullMQ's blocking connection is duplicated from this one: no command timeout (BullMQ bounds
   // its blocking reads itself).

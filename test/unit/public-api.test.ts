@@ -97,6 +97,7 @@ const everyValue = [
   'BlobCapExceededError',
   'BlobMissingError',
   'BudgetExceededError',
+  'ChildFailedError',
   'ConfigurationError',
   'EventValidationError',
   'FallbackFailedError',
