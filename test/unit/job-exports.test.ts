@@ -9,7 +9,8 @@ describe('job module export names', () => {
     expect(closestExport('tool')).toBe('tools');
     expect(closestExport('operator')).toBe('operators');
     expect(closestExport('Operators')).toBe('operators');
-    expect(closestExport('plans')).toBe('plan');
+    expect(closestExport('Plan')).toBe('plan');
+    expect(closestExport('plan_s')).toBe('plans');
     expect(closestExport('polices')).toBe('policies');
     expect(closestExport('setUp')).toBe('setup');
     expect(closestExport('plan')).toBeUndefined();
