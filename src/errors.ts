@@ -976,8 +976,8 @@ export class WaitTimeoutError extends FlujoError {
 
 /**
  * Item `index` of map step `stepId` failed finally (after its retries), so the map failed: the
- * item's own error is `itemError` (its message is quoted). Final: a resume of the run runs the map
- * again.
+ * item's own error is `itemError` (its message is quoted). Final: a resume of the run runs the
+ * map's items that failed or never ran (those that committed an output keep it).
  */
 export class ItemFailedError extends FlujoError {
   override name = 'ItemFailedError';

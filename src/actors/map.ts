@@ -26,7 +26,7 @@ import { mapListOf, mapSource } from '../plan/map.js';
 import type { MapStep } from '../plan/schema.js';
 import type { SnapshotEnvelope } from '../persistence/codec.js';
 import type { RunEvent } from '../schemas/events.js';
-import { itemJob, type JobData } from './jobs.js';
+import { itemJob, mapEndJob, type JobData } from './jobs.js';
 import {
   commitUnit,
   failed,
@@ -112,7 +112,13 @@ export async function runMapUnit(
   debugPoint(DebugPoint.afterMapStart, stepId);
   const started: RunEvent = { type: 'step.started', stepId, attempt, items: read.list.length, at };
   const outcome = await commitMapEvents(host, data, admitted, [started], chain, 'map-started');
-  await core.queues.add(inflight.map((i) => itemJob(runId, stepId, attempt, i.index, i.attempt)));
+  // A resumed map whose items all kept their outputs from an earlier attempt has none to run:
+  // its finish is due at once.
+  await core.queues.add(
+    inflight.length === 0
+      ? [mapEndJob(runId, stepId, attempt)]
+      : inflight.map((i) => itemJob(runId, stepId, attempt, i.index, i.attempt)),
+  );
   return outcome;
 }
 

@@ -58,7 +58,9 @@ export interface MapStore {
   /**
    * Starts attempt `attempt` of a map step over `elements` (JSON texts), dispatching the first
    * `maxConcurrency` items, unless it started already; returns the items in flight (to enqueue).
-   * A state of another attempt is replaced.
+   * A state of another attempt is replaced, but for the outputs it committed over the same
+   * elements: those items count as done and are never dispatched again (a resumed run runs only
+   * the items that failed or never ran).
    */
   start(
     runId: string,
@@ -113,13 +115,42 @@ end
 const START_LUA = `${INFLIGHT_LUA}
 local current = redis.call('HGET', KEYS[1], 'attempt')
 if current == ARGV[1] then return inflight(KEYS[1], KEYS[2]) end
-if current then redis.call('DEL', KEYS[1], KEYS[2]) end
 local n = #ARGV - 3
-local first = math.min(n, tonumber(ARGV[2]))
-redis.call('HSET', KEYS[1], 'attempt', ARGV[1], 'total', n, 'next', first, 'done', 0, 'failed', 0, 'mode', ARGV[3])
-for i = 0, n - 1 do redis.call('HSET', KEYS[1], 'i:' .. i, ARGV[4 + i]) end
-for i = 0, first - 1 do redis.call('SADD', KEYS[2], i) end
-if n == 0 then redis.call('HSET', KEYS[1], 'end', 'done') end
+local kept = {}
+if current then
+  -- A new attempt of the step (its run resumed): an item an earlier attempt committed with an
+  -- output (not an error record) over the same element at the same index keeps it, and never
+  -- runs again.
+  if tonumber(redis.call('HGET', KEYS[1], 'total') or '-1') == n then
+    for i = 0, n - 1 do
+      local o = redis.call('HGET', KEYS[1], 'o:' .. i)
+      if o and redis.call('HEXISTS', KEYS[1], 'f:' .. i) == 0
+        and redis.call('HGET', KEYS[1], 'i:' .. i) == ARGV[4 + i] then
+        kept[i] = o
+      end
+    end
+  end
+  redis.call('DEL', KEYS[1], KEYS[2])
+end
+local done = 0
+redis.call('HSET', KEYS[1], 'attempt', ARGV[1], 'total', n, 'failed', 0, 'mode', ARGV[3])
+for i = 0, n - 1 do
+  redis.call('HSET', KEYS[1], 'i:' .. i, ARGV[4 + i])
+  if kept[i] then
+    redis.call('HSET', KEYS[1], 'o:' .. i, kept[i])
+    done = done + 1
+  end
+end
+local nx, started, limit = 0, 0, tonumber(ARGV[2])
+while nx < n and started < limit do
+  if not kept[nx] then
+    redis.call('SADD', KEYS[2], nx)
+    started = started + 1
+  end
+  nx = nx + 1
+end
+redis.call('HSET', KEYS[1], 'next', nx, 'done', done)
+if done >= n then redis.call('HSET', KEYS[1], 'end', 'done') end
 return inflight(KEYS[1], KEYS[2])
 `;
 
@@ -161,9 +192,11 @@ if ARGV[4] == 'failed' then
     redis.call('SREM', set, i)
     return {'finish'}
   end
+  -- Collected: its error record takes its place, marked so that a new attempt runs it again.
+  redis.call('HSET', h, 'f:' .. i, 1)
 end
+-- The element stays: a new attempt of the step keeps this output only over the same element.
 redis.call('HSET', h, 'o:' .. i, ARGV[5])
-redis.call('HDEL', h, 'i:' .. i)
 redis.call('SREM', set, i)
 local done = redis.call('HINCRBY', h, 'done', 1)
 local total = tonumber(redis.call('HGET', h, 'total'))
@@ -172,11 +205,14 @@ if done >= total then
   return {'finish'}
 end
 local nx = tonumber(redis.call('HGET', h, 'next'))
+-- Items an earlier attempt of the step committed are not dispatched again.
+while nx < total and redis.call('HEXISTS', h, 'o:' .. nx) == 1 do nx = nx + 1 end
 if nx < total then
   redis.call('SADD', set, nx)
   redis.call('HSET', h, 'next', nx + 1)
   return {'ok', nx}
 end
+redis.call('HSET', h, 'next', nx)
 return {'ok'}
 `;
 
@@ -186,9 +222,9 @@ if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return false end
 return {redis.call('HGET', KEYS[1], 'end') or '', inflight(KEYS[1], KEYS[2])}
 `;
 
-const START_COMMAND = 'flujoMapStart_v1';
+const START_COMMAND = 'flujoMapStart_v2';
 const BEGIN_COMMAND = 'flujoMapBegin_v1';
-const COMMIT_COMMAND = 'flujoMapCommit_v1';
+const COMMIT_COMMAND = 'flujoMapCommit_v2';
 const PENDING_COMMAND = 'flujoMapPending_v1';
 
 type Scripted = Redis & Record<string, (...args: (string | number)[]) => Promise<unknown>>;

@@ -133,6 +133,33 @@ describe('map steps', () => {
     expect(invocations.get(4)).toBeUndefined();
   });
 
+  it('a resumed map runs only the items that failed or never ran; committed ones keep their outputs', async () => {
+    const { runId, report } = await runToEnd(mapPlan([1, 2, 13, 4], { maxConcurrency: 1 }));
+    expect(report.status).toBe('failed');
+    expect([...invocations.entries()].sort((a, b) => a[0] - b[0])).toEqual([
+      [1, 1],
+      [2, 1],
+      [13, 1],
+    ]);
+    // The cause fixed: 13 now succeeds.
+    runtime.operator('double', ({ input }) => {
+      const n = input as number;
+      invocations.set(n, (invocations.get(n) ?? 0) + 1);
+      return n * 2;
+    });
+    await runtime.resume(runId);
+    const resumed = await (await runtime.attach(runId)).settled({ timeoutMs: 30_000 });
+    expect(resumed.status).toBe('succeeded');
+    expect(resumed.steps.find((s) => s.stepId === 'each')!.output).toEqual([2, 4, 26, 8]);
+    // Items 1 and 2 were not run again; 13 ran once more, 4 once.
+    expect([...invocations.entries()].sort((a, b) => a[0] - b[0])).toEqual([
+      [1, 1],
+      [2, 1],
+      [4, 1],
+      [13, 2],
+    ]);
+  });
+
   it('itemFailures collect: the failed item holds an error record, the map succeeds', async () => {
     const { report } = await runToEnd(mapPlan([1, 13, 3], { itemFailures: 'collect' }));
     expect(report.status).toBe('succeeded');
