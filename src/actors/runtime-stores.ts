@@ -142,7 +142,7 @@ export class RuntimeStores {
     this.unitNotes = createUnitNotes(redis, keys);
     this.inbox = createInboxStore(redis, keys);
     this.slots = createConcurrencySlots(redis, keys);
-    this.maps = createMapStore(redis, keys);
+    this.maps = createMapStore(redis, keys, replicas);
     const stores = { redis, prefix: keys.prefix };
     this.journal = createModelJournal(stores);
     this.history = createHistoryStore(stores);

@@ -8,6 +8,7 @@
  */
 import type { Redis } from 'ioredis';
 import type { Keys } from './keys.js';
+import type { ReplicaAck } from './replicas.js';
 
 /** The state of a map's item in flight: its index and attempt. */
 export interface InflightItem {
@@ -240,8 +241,12 @@ function pairs(flat: unknown[]): InflightItem[] {
 /** The most fields one HMGET of the outputs reads. */
 const READ_CHUNK = 1000;
 
-/** The map store on `redis` under `keys`. */
-export function createMapStore(redis: Redis, keys: Keys): MapStore {
+/**
+ * The map store on `redis` under `keys`. With `replicas` (the runtime's `durability`), a map's
+ * start and each item's commit resolve once the replicas asked for have them, as a run's commits
+ * do: what a worker acts on next (the items it dispatches, the finish) survives a failover.
+ */
+export function createMapStore(redis: Redis, keys: Keys, replicas?: ReplicaAck): MapStore {
   const commands: [string, number, string][] = [
     [START_COMMAND, 2, START_LUA],
     [BEGIN_COMMAND, 1, BEGIN_LUA],
@@ -264,6 +269,7 @@ export function createMapStore(redis: Redis, keys: Keys): MapStore {
         args.mode,
         ...args.elements,
       )) as unknown[];
+      if (replicas !== undefined) await replicas.ack(keys.map(runId, stepId));
       return pairs(flat);
     },
 
@@ -288,6 +294,15 @@ export function createMapStore(redis: Redis, keys: Keys): MapStore {
         item.payload,
       )) as [string, ...unknown[]];
       const [kind, ...rest] = reply;
+      if (
+        replicas !== undefined &&
+        kind !== 'done' &&
+        kind !== 'ended' &&
+        kind !== 'stale' &&
+        kind !== 'gone'
+      ) {
+        await replicas.ack(keys.map(runId, stepId));
+      }
       if (kind === 'ok') return { kind, next: rest.map(Number) };
       if (kind === 'retry') return { kind, attempt: Number(rest[0]) };
       if (kind === 'finish') return { kind };
