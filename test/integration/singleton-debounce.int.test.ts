@@ -235,13 +235,18 @@ describe('debounced starts', { timeout: 60_000 }, () => {
 describe('refused start options', () => {
   it('a debounce delay of 0, an empty key, a bad mode or priority: a clear error naming the field, nothing written', async () => {
     await sleep(300);
-    // Every key of the runtime and its queue, but the worker's own stalled-job check stamp.
+    // Every key of the runtime and its queue, but what a running worker writes on its own: its
+    // stalled-job check stamp and its heartbeats.
     const read = async () => {
       const all = {
         ...(await readPrefix(redis, `${prefix}:`)),
         ...(await readPrefix(redis, `{${prefix}:`)),
       };
-      return Object.fromEntries(Object.entries(all).filter(([k]) => !k.endsWith('stalled-check')));
+      return Object.fromEntries(
+        Object.entries(all).filter(
+          ([k]) => !k.endsWith('stalled-check') && !k.startsWith(`{${prefix}:workers}`),
+        ),
+      );
     };
     const before = await read();
     const cases: [Record<string, unknown>, string][] = [
