@@ -2,6 +2,7 @@
  * Map steps whose items are child runs (`item: { kind: 'run', plan }`), on a real Redis: one child
  * per element and item attempt, the element its input, the map's output the children's results in
  * element order; a child that fails is a failed attempt of its item (a retry starts a new child);
+ * a cancelled child fails its item finally, and the parent's failure cancels its other children;
  * an item's plan that is not registered is refused with nothing written.
  */
 import { randomUUID } from 'node:crypto';
@@ -52,6 +53,7 @@ beforeEach(() => {
       if (n < 0 && invocations.get(n)! < 2) throw new Error(`transient ${n}`);
       return n * n;
     })
+    .plan('gated', { name: 'gated', steps: [{ id: 'ask', kind: 'human_gate' }] })
     .plan('child', {
       name: 'child',
       steps: [{ id: 'sq', kind: 'operator', operator: 'square', retry: { maxAttempts: 1 } }],
@@ -110,6 +112,32 @@ describe('map steps over child runs', { timeout: 60_000 }, () => {
     );
     expect((await runtime.status(`${runId}:each.1:1.1`)).status).toBe('failed');
     expect((await runtime.status(`${runId}:each.1:1.2`)).status).toBe('succeeded');
+  });
+
+  it('a cancelled child fails its item finally; the failed parent cancels the other children', async () => {
+    worker = runtime.createWorker({ concurrency: 4 });
+    await worker.ready();
+    const run = await runtime.start(mapPlan([1, 2], 'gated'), {});
+    const [first, second] = [0, 1].map((i) => `${run.runId}:each.${i}:1.1`);
+    await expect
+      .poll(async () => (await runtime.list()).map((r) => r.runId).sort(), { timeout: 20_000 })
+      .toEqual([run.runId, first!, second!].sort());
+    await expect
+      .poll(async () => (await runtime.status(first!)).status, { timeout: 20_000 })
+      .toBe('waiting');
+    await runtime.cancel(first!);
+    const report = await run.settled({ timeoutMs: 30_000 });
+    expect(report.status).toBe('failed');
+    const each = report.steps.find((s) => s.stepId === 'each')!;
+    expect(each.error?.code).toBe('item_failed');
+    expect(each.error?.message).toContain('child_failed');
+    await expect
+      .poll(async () => (await runtime.status(second!)).status, { timeout: 20_000 })
+      .toBe('cancelled');
+    // No retry of the cancelled child's item: no second child.
+    expect((await runtime.list()).map((r) => r.runId).sort()).toEqual(
+      [run.runId, first!, second!].sort(),
+    );
   });
 
   it("an item's plan that is not registered is refused, nothing written", async () => {
