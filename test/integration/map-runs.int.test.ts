@@ -15,6 +15,7 @@ import {
   type PlanInput,
   type Runtime,
 } from '../../src/index.js';
+import { runFlujo } from '../helpers/cli.js';
 import { connect, deleteRuntimeKeys, redisUrl, scanKeys } from '../helpers/redis.js';
 
 let runtime: Runtime;
@@ -146,6 +147,11 @@ describe('map steps over child runs', { timeout: 60_000 }, () => {
     const issues = (refused as InputValidationError).issues;
     expect(issues.map((i) => i.path)).toEqual(['steps[1].item.plan']);
     expect(issues[0]!.message).toContain('runtime.plan("nowhere", plan)');
+    const validate = await runFlujo(['validate', 'test/fixtures/jobs/map-runs-lost.ts']);
+    expect(validate.code).toBe(2);
+    expect(validate.err).toContain('steps[1].item.plan names plan "nowhere" (map step "each")');
+    const started = await runFlujo(['run', 'test/fixtures/jobs/map-runs-lost.ts'], { prefix });
+    expect(started.code).toBe(2);
     const redis = connect();
     try {
       expect(await scanKeys(redis, `${prefix}:*`)).toEqual([]);
