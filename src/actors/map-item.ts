@@ -30,6 +30,7 @@ import type { MapStep, PlanStep } from '../plan/schema.js';
 import type { ItemOutcome } from '../persistence/map-store.js';
 import { executeStep, type StepResult } from '../execution/execute-step.js';
 import { itemJob, type JobData } from './jobs.js';
+import { treeBudgetOver } from './child-budgets.js';
 import { finishMap } from './map.js';
 import { itemChildResult } from './map-item-child.js';
 import { abortMessage } from './runtime-queues.js';
@@ -100,6 +101,11 @@ export async function runMapItemUnit(
     const item = { runId, stepId, attempt, index, itemAttempt, element };
     const ended = await itemChildResult(host, meta, map.item.plan, item);
     if (ended === null) return 'item-waiting';
+    const over = await treeBudgetOver(core, runId, meta);
+    if (over !== null) {
+      await stopForBudget(host, over.runId, await core.host.load(over.runId), over.detail);
+      return 'budget';
+    }
     result = ended;
   } else {
     const item = { runId, map, attempt, index, itemAttempt, element };
