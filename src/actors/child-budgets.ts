@@ -89,8 +89,9 @@ function overOf(budgets: RunBudgets, used: TreeUsage): JsonValue | null {
   return null;
 }
 
-/** Whether a run may have children: its plan has a run step. */
-const hasRunSteps = (meta: RunMeta): boolean => meta.plan.steps.some((s) => s.kind === 'run');
+/** Whether a run may have children: its plan has a run step, or a map step of `run` items. */
+const hasRunSteps = (meta: RunMeta): boolean =>
+  meta.plan.steps.some((s) => s.kind === 'run' || (s.kind === 'map' && s.item.kind === 'run'));
 
 /**
  * The first run, from `runId` (when it has run steps) up through its ancestors still going, whose

@@ -19,7 +19,8 @@
  *    summary, and the step's retry policy decides (a retry is a new attempt: a new child).
  *
  * A cancel or budget stop of the parent cancels its children still going (the end hook again),
- * unless the step says `onParentCancel: 'abandon'`. A child's usage counts against its
+ * unless the step says `onParentCancel: 'abandon'` (the children of a map's `run` items are
+ * always cancelled). A child's usage counts against its
  * ancestors' run budgets (see `child-budgets.ts`).
  */
 import { createHash } from 'node:crypto';
@@ -34,8 +35,8 @@ import type { Plan, RunStep } from '../plan/schema.js';
 import type { RunEvent } from '../schemas/events.js';
 import type { RuntimeCore } from './core.js';
 import { treeBudgetOver } from './child-budgets.js';
-import { childWakeJob, type JobData } from './jobs.js';
-import { childField, parentFields, type RunMeta } from './runtime-meta.js';
+import { childWakeJob, itemWakeJob, type JobData } from './jobs.js';
+import { childField, childrenOf, parentFields, type RunMeta } from './runtime-meta.js';
 import {
   failed,
   notifyFailures,
@@ -54,7 +55,26 @@ const MAX_TRIES = 50;
  * for every worker and every try, so a crash never starts a second child for one attempt.
  */
 export function childRunId(runId: string, stepId: string, attempt: number): string {
-  const id = `${runId}:${stepId}:${attempt}`;
+  return fitRunId(`${runId}:${stepId}:${attempt}`);
+}
+
+/**
+ * The id of the child run that attempt `itemAttempt` of item `index` of attempt `attempt` of map
+ * step `stepId` starts: `<runId>:<stepId>.<index>:<attempt>.<itemAttempt>` (shortened as
+ * {@link childRunId} does). The same for every worker and every try.
+ */
+export function itemChildRunId(
+  runId: string,
+  stepId: string,
+  attempt: number,
+  index: number,
+  itemAttempt: number,
+): string {
+  return fitRunId(`${runId}:${stepId}.${index}:${attempt}.${itemAttempt}`);
+}
+
+/** `id`, or when longer than a run id may be, its head and a hash of the whole. */
+function fitRunId(id: string): string {
   if (id.length <= RUN_ID_MAX_LENGTH) return id;
   const hash = createHash('sha256').update(id).digest('hex').slice(0, 32);
   return `${id.slice(0, RUN_ID_MAX_LENGTH - 40)}~${hash}`;
@@ -178,7 +198,7 @@ export function childResult(plan: Plan, snapshot: RunSnapshot): JsonValue {
 }
 
 /** A child's own account of why it did not succeed, in one line. */
-function childSummary(snapshot: RunSnapshot): string {
+export function childSummary(snapshot: RunSnapshot): string {
   const ctx = snapshot.context;
   if (ctx.stop !== null) return `stopped (${ctx.stop.reason}: ${JSON.stringify(ctx.stop.detail)})`;
   if (ctx.cancel !== null) {
@@ -323,12 +343,30 @@ export async function runEnded(
   const meta = await core.meta.read(runId);
   if (meta.parent !== null) {
     debugPoint(DebugPoint.afterChildEnd);
-    const { runId: parentId, stepId, attempt } = meta.parent;
-    await core.queues.add([childWakeJob(parentId, stepId, attempt)]);
+    const { runId: parentId, stepId, attempt, itemAttempt } = meta.parent;
+    await core.queues.add([
+      itemAttempt === undefined
+        ? childWakeJob(parentId, stepId, attempt)
+        : itemWakeJob(parentId, stepId, attempt, itemAttempt),
+    ]);
   }
   const status = runStatus(snapshot);
   if (status !== 'cancelled' && status !== 'failed') return;
   for (const step of meta.plan.steps) {
     await cancelOrphan(core, runId, meta, snapshot, step.id);
+  }
+  await cancelItemChildren(core, runId, meta);
+}
+
+/** Cancels the children of the `run` items of a run's map steps that are still going. */
+async function cancelItemChildren(core: RuntimeCore, runId: string, meta: RunMeta): Promise<void> {
+  const maps = meta.plan.steps.filter((s) => s.kind === 'map' && s.item.kind === 'run');
+  if (maps.length === 0) return;
+  const items = new Set(maps.map((s) => `${s.id}.`));
+  for (const child of childrenOf(await core.stores.store.loadMeta(runId))) {
+    const at = child.stepId.lastIndexOf('.');
+    if (at > 0 && items.has(child.stepId.slice(0, at + 1))) {
+      await cancelChild(core, runId, child.runId);
+    }
   }
 }

@@ -161,6 +161,23 @@ export function itemJob(
   };
 }
 
+/**
+ * The job that takes the end of the child run of attempt `itemAttempt` of map item `itemId`
+ * (`<map>.<index>`) of attempt `attempt` of its map: the item's job again, under an id of its
+ * own (the item's job that started the child has finished, and BullMQ ignores an id it keeps).
+ */
+export function itemWakeJob(
+  runId: string,
+  itemId: string,
+  attempt: number,
+  itemAttempt: number,
+): JobSpec {
+  const at = itemId.lastIndexOf('.');
+  const stepId = itemId.slice(0, at);
+  const job = itemJob(runId, stepId, attempt, Number(itemId.slice(at + 1)), itemAttempt);
+  return { ...job, opts: { jobId: `${job.opts.jobId}|w` } };
+}
+
 /** The job that finishes attempt `attempt` of map step `stepId`. */
 export function mapEndJob(runId: string, stepId: string, attempt: number): JobSpec {
   return {

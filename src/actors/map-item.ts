@@ -7,7 +7,9 @@
  *    reads its element).
  * 2. Guard and execute: the item's operator or agent (`mapItemStep`: the element as its input, its
  *    own id `<map>.<index>`, hence its own ledger scope and idempotency key), bounded by the
- *    step's `timeoutMs` and aborted by a run cancel.
+ *    step's `timeoutMs` and aborted by a run cancel. A `run` item instead starts the child run of
+ *    its attempt and returns; its child's end wakes the item's job, which takes the child's end
+ *    as the attempt's result (`map-item-child.ts`).
  * 3. Commit: one script on the map's keys (`MapStore.commit`), the same work whatever the map's
  *    size: the output (or, for a retryable failure with attempts left, the next attempt's
  *    number; for a final failure, the error or its record), and the next index dispatched. An item
@@ -28,7 +30,9 @@ import type { MapStep, PlanStep } from '../plan/schema.js';
 import type { ItemOutcome } from '../persistence/map-store.js';
 import { executeStep, type StepResult } from '../execution/execute-step.js';
 import { itemJob, type JobData } from './jobs.js';
+import { treeBudgetOver } from './child-budgets.js';
 import { finishMap } from './map.js';
+import { itemChildResult } from './map-item-child.js';
 import { abortMessage } from './runtime-queues.js';
 import type { RunMeta } from './runtime-meta.js';
 import { attemptLimit, executionDepsFor, guardUnit, stopForBudget, type UnitHost } from './unit.js';
@@ -90,39 +94,22 @@ export async function runMapItemUnit(
   const begun = await core.stores.maps.begin(runId, stepId, attempt, index, itemAttempt);
   if (begun.kind !== 'run') return `item-${begun.kind}`;
   const map = meta.plan.steps.find((s) => s.id === stepId) as MapStep;
-  const step = mapItemStep(map, index, JSON.parse(begun.element) as JsonValue);
-  const state: StepState = {
-    ...child.context,
-    status: 'RUNNING',
-    stepId: step.id,
-    attempt: itemAttempt,
-    granular: false,
-    needsApproval: false,
-    fallback: null,
-    pauses: 0,
-    agent: null,
-    pendingCall: null,
-    callDecisions: null,
-    map: null,
-  };
-  // 2. Guard and execute: a cancel of the run aborts its map's attempt, hence its items.
-  const cancel = new AbortController();
-  const abortKey = itemAbortKey(runId, stepId, attempt, index);
-  host.aborts.set(abortKey, cancel);
+  const element = JSON.parse(begun.element) as JsonValue;
+  // 2. Guard and execute (or, for a `run` item, start the child, and take its end once it ended).
   let result: StepResult;
-  try {
-    const limit = await attemptLimit(host, runId, step, itemAttempt);
-    const signal =
-      jobSignal === undefined ? cancel.signal : AbortSignal.any([jobSignal, cancel.signal]);
-    result = await guardUnit(
-      host,
-      { runId, stepId: step.id, attempt: itemAttempt },
-      signal,
-      limit,
-      (s) => executeItem(host, meta, { runId, step, state, signal: s }),
-    );
-  } finally {
-    host.aborts.delete(abortKey);
+  if (map.item.kind === 'run') {
+    const item = { runId, stepId, attempt, index, itemAttempt, element };
+    const ended = await itemChildResult(host, meta, map.item.plan, item);
+    if (ended === null) return 'item-waiting';
+    const over = await treeBudgetOver(core, runId, meta);
+    if (over !== null) {
+      await stopForBudget(host, over.runId, await core.host.load(over.runId), over.detail);
+      return 'budget';
+    }
+    result = ended;
+  } else {
+    const item = { runId, map, attempt, index, itemAttempt, element };
+    result = await executeItemAttempt(host, meta, item, child.context, jobSignal);
   }
   // 3. Commit.
   if (result.kind === 'budget') {
@@ -156,6 +143,59 @@ export async function runMapItemUnit(
       return outcome === 'failed' ? 'item-failed' : 'item-succeeded';
     default:
       return `item-${committed.kind}`;
+  }
+}
+
+/**
+ * Runs attempt `itemAttempt` of an operator or agent item, guarded, bounded by the step's
+ * `timeoutMs`; a cancel of the run aborts its map's attempt, hence its items.
+ */
+async function executeItemAttempt(
+  host: UnitHost,
+  meta: RunMeta,
+  item: {
+    runId: string;
+    map: MapStep;
+    attempt: number;
+    index: number;
+    itemAttempt: number;
+    element: JsonValue;
+  },
+  context: Omit<StepState, 'status'>,
+  jobSignal: AbortSignal | undefined,
+): Promise<StepResult> {
+  const { runId, map, index, itemAttempt } = item;
+  const step = mapItemStep(map, index, item.element);
+  const state: StepState = {
+    ...context,
+    status: 'RUNNING',
+    stepId: step.id,
+    attempt: itemAttempt,
+    granular: false,
+    needsApproval: false,
+    fallback: null,
+    pauses: 0,
+    agent: null,
+    pendingCall: null,
+    callDecisions: null,
+    map: null,
+  };
+  const cancel = new AbortController();
+  const abortKey = itemAbortKey(runId, map.id, item.attempt, index);
+  host.aborts.set(abortKey, cancel);
+  try {
+    const limit = await attemptLimit(host, runId, step, itemAttempt);
+    const signal =
+      jobSignal === undefined ? cancel.signal : AbortSignal.any([jobSignal, cancel.signal]);
+    return await guardUnit(
+      host,
+      { runId, stepId: step.id, attempt: itemAttempt },
+      signal,
+      limit,
+      (s) => executeItem(host, meta, { runId, step, state, signal: s }),
+    );
+  } finally {
+    host.aborts.delete(abortKey);
   }
 }
 

@@ -43,11 +43,16 @@ export interface RunMeta {
   parent: RunParent | null;
 }
 
-/** The run and step (attempt) that started a child run. */
+/**
+ * The run and step (attempt) that started a child run. For the child of an item of a map step,
+ * `stepId` is the item's id (`<map>.<index>`), `attempt` the map's attempt and `itemAttempt` the
+ * item's attempt.
+ */
 export interface RunParent {
   runId: string;
   stepId: string;
   attempt: number;
+  itemAttempt?: number;
 }
 
 /** The meta fields that link a child run to its parent (see {@link RunParent}). */
@@ -56,6 +61,7 @@ export function parentFields(parent: RunParent): Record<string, string> {
     parentRunId: parent.runId,
     parentStepId: parent.stepId,
     parentAttempt: String(parent.attempt),
+    ...(parent.itemAttempt === undefined ? {} : { parentItemAttempt: String(parent.itemAttempt) }),
   };
 }
 
@@ -64,10 +70,15 @@ export function parentOf(raw: Readonly<Record<string, string>>): RunParent | nul
   const runId = raw['parentRunId'];
   const stepId = raw['parentStepId'];
   if (runId === undefined || stepId === undefined) return null;
-  return { runId, stepId, attempt: Number(raw['parentAttempt'] ?? 1) };
+  const attempt = Number(raw['parentAttempt'] ?? 1);
+  const item = raw['parentItemAttempt'];
+  return { runId, stepId, attempt, ...(item === undefined ? {} : { itemAttempt: Number(item) }) };
 }
 
-/** The meta field of a parent that records the child of attempt `attempt` of run step `stepId`. */
+/**
+ * The meta field of a parent that records the child of attempt `attempt` of run step `stepId` (for
+ * a map's item: attempt `attempt` of item `<map>.<index>`).
+ */
 export const childField = (stepId: string, attempt: number): string => `child:${stepId}:${attempt}`;
 
 /** The children a parent's stored meta records, in step then attempt order. */

@@ -314,15 +314,18 @@ async function loadPlans(name: string, exported: unknown): Promise<Record<string
 }
 
 /**
- * Refuses a run step naming a plan the module's `plans` do not hold: its child could never start.
+ * Refuses a run step (or a map's `run` item) naming a plan the module's `plans` do not hold: its child could never start.
  * Nothing is written (the module is checked before anything connects).
  */
 function checkRunSteps(name: string, plan: Plan, plans: Record<string, Plan>): void {
   plan.steps.forEach((step, i) => {
-    if (step.kind !== 'run' || plans[step.plan] !== undefined) return;
+    const runs = step.kind === 'map' ? step.item : step;
+    if (runs.kind !== 'run' || plans[runs.plan] !== undefined) return;
     const known = Object.keys(plans).join(', ') || 'none';
+    const where = step.kind === 'map' ? `steps[${i}].item.plan` : `steps[${i}].plan`;
+    const what = step.kind === 'map' ? `map step "${step.id}"` : `run step "${step.id}"`;
     badInput(
-      `job module ${name}: plan "${plan.name}" steps[${i}].plan names plan "${step.plan}" (run step "${step.id}"), which the module's plans do not hold (it holds: ${known}); add it to \`export const plans = { "${step.plan}": … }\``,
+      `job module ${name}: plan "${plan.name}" ${where} names plan "${runs.plan}" (${what}), which the module's plans do not hold (it holds: ${known}); add it to \`export const plans = { "${runs.plan}": … }\``,
     );
   });
 }

@@ -190,7 +190,10 @@ async function mapsOf(
   return out;
 }
 
-/** A child run a `run` step started (see {@link RunReport.children}). */
+/**
+ * A child run a `run` step started, or an item of a map step whose items are `run` (`stepId` the
+ * item's id `<map>.<index>`, `attempt` the item's attempt) (see {@link RunReport.children}).
+ */
 export interface RunChild {
   stepId: string;
   attempt: number;
@@ -393,7 +396,9 @@ async function childrenReport(
   runId: string,
   meta: RunMeta,
 ): Promise<RunChild[]> {
-  if (!meta.plan.steps.some((s) => s.kind === 'run')) return [];
+  const starts = (s: RunMeta['plan']['steps'][number]) =>
+    s.kind === 'run' || (s.kind === 'map' && s.item.kind === 'run');
+  if (!meta.plan.steps.some(starts)) return [];
   const listed = childrenOf(await core.stores.store.loadMeta(runId));
   const statuses = await Promise.all(
     listed.map((c) => readRunStatus(core.redis, core.stores.keys, c.runId)),

@@ -19,7 +19,8 @@ export function itemStepId(mapStepId: string, index: number): string {
 }
 
 /**
- * The step item `index` of `step` runs as: its operator or (atomic) agent, with the element as its
+ * The step item `index` of `step` runs as: its operator, (atomic) agent or child run (a `run` step
+ * of the item's plan), with the element as its
  * input, no dependencies, the map's effects, tags, retry, budgets and timeout, uncached; its id is
  * {@link itemStepId}, so each item has its own ledger scope and idempotency key.
  */
@@ -39,6 +40,9 @@ export function mapItemStep(step: MapStep, index: number, element: JsonValue): P
   };
   if (step.item.kind === 'operator') {
     return { ...common, kind: 'operator', operator: step.item.operator };
+  }
+  if (step.item.kind === 'run') {
+    return { ...common, kind: 'run', plan: step.item.plan, onParentCancel: 'cancel' };
   }
   const defaults = agentStepSchema.parse({ kind: 'agent', id: 'item', agent: step.item.agent });
   return { ...defaults, ...common, kind: 'agent', agent: step.item.agent, mode: 'atomic' };

@@ -386,13 +386,17 @@ export const waitStepSchema = z
 /** Most items a map step runs over. */
 export const MAX_MAP_ITEMS = 10_000;
 
+/** A plan name as a `run` step (or a map's `run` item) names it: a plan registered by that name. */
+const planNameSchema = z.string().min(1).max(200);
+
 /**
- * What a map step runs for each element of its list: a registered operator, or a registered agent
- * (atomic), given the element as its input.
+ * What a map step runs for each element of its list: a registered operator, a registered agent
+ * (atomic), or a child run of a registered plan, given the element as its input.
  */
 export const mapItemSchema = z.discriminatedUnion('kind', [
   z.object({ kind: z.literal('operator'), operator: nonEmpty() }).strict(),
   z.object({ kind: z.literal('agent'), agent: nonEmpty() }).strict(),
+  z.object({ kind: z.literal('run'), plan: planNameSchema }).strict(),
 ]);
 /** What a map step runs per element (see {@link mapItemSchema}). */
 export type MapItem = z.output<typeof mapItemSchema>;
@@ -400,7 +404,7 @@ export type MapItem = z.output<typeof mapItemSchema>;
 /**
  * A step that runs one unit per element of a list: the array at `over` (`<stepId>` or
  * `<stepId>.<path>`, the step a dependency of this one or an ancestor of one), each element the
- * input of an `item` (an operator or an agent), each with its own retries (the step's `retry`),
+ * input of an `item` (an operator, an agent, or a child run of a registered plan), each with its own retries (the step's `retry`),
  * at most `maxConcurrency` at a time. Its output is the array of the items' outputs in element
  * order. An item that fails finally fails the step (`item_failed`), unless `itemFailures` is
  * `collect`: then its place in the output holds an error record.
@@ -415,9 +419,6 @@ export const mapStepSchema = z
     itemFailures: z.enum(['fail', 'collect']).default('fail'),
   })
   .strict();
-
-/** A plan name as a `run` step names it: a plan registered by that name. */
-const planNameSchema = z.string().min(1).max(200);
 
 /**
  * A step that starts a child run of the plan registered as `plan` (`runtime.plan(name, plan)`, or

@@ -167,17 +167,20 @@ function checkFallbacks(core: RuntimeCore, plan: Plan): void {
 }
 
 /**
- * Refuses a plan whose `run` steps name a plan not registered here (`runtime.plan`, or `plans` in
+ * Refuses a plan whose `run` steps (or map items of kind `run`) name a plan not registered here (`runtime.plan`, or `plans` in
  * the job module): the child could never start.
  */
 export function checkChildPlans(core: RuntimeCore, plan: Plan): void {
   const issues: { path: string; message: string }[] = [];
   plan.steps.forEach((step, i) => {
-    if (step.kind !== 'run' || core.registry.plans.has(step.plan)) return;
+    const runs = step.kind === 'map' ? step.item : step;
+    if (runs.kind !== 'run' || core.registry.plans.has(runs.plan)) return;
     const registered = [...core.registry.plans.keys()].join(', ') || '(none)';
+    const what =
+      step.kind === 'map' ? `the items of map step "${step.id}"` : `run step "${step.id}"`;
     issues.push({
-      path: `steps[${i}].plan`,
-      message: `no plan "${step.plan}" is registered for run step "${step.id}"; register it with runtime.plan("${step.plan}", plan), or export plans: { "${step.plan}": plan } from the job module, before starting. Registered: ${registered}`,
+      path: step.kind === 'map' ? `steps[${i}].item.plan` : `steps[${i}].plan`,
+      message: `no plan "${runs.plan}" is registered for ${what}; register it with runtime.plan("${runs.plan}", plan), or export plans: { "${runs.plan}": plan } from the job module, before starting. Registered: ${registered}`,
     });
   });
   if (issues.length > 0) throw new InputValidationError('plan', issues);

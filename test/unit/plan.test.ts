@@ -322,6 +322,18 @@ const corpus: [string, unknown, string, string][] = [
     'must be at most 10000, received 10001',
   ],
   [
+    "map's run item without a plan",
+    planWith(op('a'), {
+      id: 'm',
+      kind: 'map',
+      over: 'a',
+      dependsOn: ['a'],
+      item: { kind: 'run', plan: '' },
+    }),
+    'steps[1].item.plan',
+    'must not be empty',
+  ],
+  [
     'enforceIdempotency on an atomic agent step',
     planWith({ id: 'a', kind: 'agent', agent: 'w', enforceIdempotency: true }),
     'steps[0].enforceIdempotency',
@@ -515,6 +527,22 @@ const corpus: [string, unknown, string, string][] = [
     'Date is not JSON',
   ],
 ];
+
+describe('parsePlan: map items', () => {
+  it("takes a map's run item naming a plan", () => {
+    const plan = parsePlan(
+      planWith(op('a'), {
+        id: 'm',
+        kind: 'map',
+        over: 'a',
+        dependsOn: ['a'],
+        item: { kind: 'run', plan: 'child' },
+      }),
+    );
+    const map = plan.steps[1]!;
+    expect(map.kind === 'map' ? map.item : null).toEqual({ kind: 'run', plan: 'child' });
+  });
+});
 
 describe('parsePlan: malformed plans', () => {
   it('has a corpus of at least 32 cases', () => {
