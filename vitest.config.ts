@@ -19,6 +19,7 @@ const CLUSTER_SUITES = [
   'driver-crash',
   'map',
   'map-crash',
+  'map-runs',
   'conditions',
   'conditions-crash',
   'child-runs',
