@@ -168,10 +168,7 @@ export interface MapProgressReport {
   running: number;
 }
 
-/** A map step's progress in words: `<done>/<total> done, <failed> failed, <running> running`. */
-export function mapText(m: MapProgressReport): string {
-  return `${m.done}/${m.total} done, ${m.failed} failed, ${m.running} running`;
-}
+export { mapText } from '../plan/map-words.js';
 
 /** The progress of the plan's map steps that started (one small read each). */
 async function mapsOf(

@@ -19,7 +19,7 @@ import type { StoredRunEvent } from '../persistence/snapshot-store.js';
 import { countModelCalls, reconciliationText } from '../persistence/reservation-words.js';
 import type { SerializedError } from '../errors.js';
 import type { RunListEntry } from '../worker/run-list.js';
-import { mapText } from '../operations/reading.js';
+import { mapText } from '../plan/map-words.js';
 import {
   attemptErrors,
   errorHtml,
