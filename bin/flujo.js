@@ -42,11 +42,20 @@ if (old && !(setUpOnly && major >= 20)) {
 import('../dist/cli/main.js').then(function (cli) {
   return cli.main(process.argv.slice(2)).then(function (code) {
     process.exitCode = code;
-    // A connection that is still closing must not hold the exit up.
-    globalThis
-      .setTimeout(function () {
-        process.exit();
-      }, 250)
-      .unref();
+    // A connection that is still closing must not hold the exit up; but what is still being written
+    // to a pipe (a large `--json` report) is written whole first: the timer starts once both
+    // streams have flushed what came before.
+    var flushed = 0;
+    function whenFlushed() {
+      flushed += 1;
+      if (flushed < 2) return;
+      globalThis
+        .setTimeout(function () {
+          process.exit();
+        }, 250)
+        .unref();
+    }
+    process.stdout.write('', whenFlushed);
+    process.stderr.write('', whenFlushed);
   });
 });
