@@ -8,6 +8,7 @@ import {
   type StepSucceededEvent,
 } from '../schemas/events.js';
 import { zodIssuesToValidationIssues } from '../schemas/issues.js';
+import { noteMovedSteps } from './moved-steps.js';
 import { runMachine, statusOf, type RunContext } from './run-machine.js';
 import { stepMachine, type StepMachine } from './step-machine.js';
 import {
@@ -103,6 +104,9 @@ type StepSnapshot = SnapshotFrom<StepMachine>;
 const persistedSteps = new WeakMap<StepSnapshot, PersistedStep['snapshot']>();
 // The child entry of each persisted step snapshot, for the same reason one level up.
 const childEntries = new WeakMap<object, PersistedStep>();
+// Below this many steps, a run that ends is ended by its whole actor: stopping its step actors
+// costs less than restoring the run with the last step alone.
+const ENDING_ALONE_FROM = 64;
 
 /** The step machine as the kernel runs it: the same machine, its persisted snapshots cached. */
 const kernelStepMachine: StepMachine = stepMachine.provide({});
@@ -204,29 +208,115 @@ function persist(actor: RunActor, previous?: RunSnapshot): RunSnapshot {
       if (kept !== undefined) children[id] = kept;
       continue;
     }
-    const known = childEntries.get(child.snapshot);
-    if (known !== undefined && known.src === child.src) {
-      children[id] = known;
-    } else {
-      childEntries.set(child.snapshot, child);
-      children[id] = child;
-    }
+    children[id] = knownEntry(child);
   }
   return { ...persisted, children };
 }
 
+/** The entry kept for a persisted step snapshot, so that an unchanged step keeps its object. */
+function knownEntry(child: PersistedStep): PersistedStep {
+  const known = childEntries.get(child.snapshot);
+  if (known !== undefined && known.src === child.src) return known;
+  childEntries.set(child.snapshot, child);
+  return child;
+}
+
+// A run context holds no actor reference (it is plain JSON: what the snapshot store keeps), so
+// xstate's walk of it when persisting (to replace references) is left out by persisting a shell.
+const NO_CONTEXT = Object.freeze({}) as RunContext;
+
+/**
+ * {@link persist} when only the steps in `moved` can have changed since `previous` (the same run
+ * actor, the same step actors): xstate persists the run with those steps alone, and every other
+ * step keeps its entry. Its cost follows the steps that moved, not the run's size.
+ */
+function persistMoved(
+  actor: RunActor,
+  previous: RunSnapshot,
+  moved: ReadonlySet<string>,
+): RunSnapshot {
+  const snapshot = actor.getSnapshot();
+  const refs: typeof snapshot.children = {};
+  for (const id of moved) {
+    const ref = snapshot.children[id];
+    if (ref !== undefined) refs[id] = ref;
+  }
+  const shell: unknown = kernelRunMachine.getPersistedSnapshot({
+    ...snapshot,
+    context: NO_CONTEXT,
+    children: refs,
+  } as typeof snapshot);
+  if (!isRunSnapshot(shell)) throw new InvariantError('unreadable run snapshot');
+  const children = { ...previous.children };
+  for (const id in shell.children) {
+    const entry = shell.children[id]!;
+    if (previous.children[id]?.snapshot !== entry.snapshot) children[id] = knownEntry(entry);
+  }
+  return { ...shell, context: snapshot.context, children };
+}
+
+// Each step id's index in a run's plan order, computed once per order array.
+const orderIndexes = new WeakMap<readonly string[], Map<string, number>>();
+
+/** `ids` in the plan order of `order`. */
+function inPlanOrder(order: readonly string[], ids: Iterable<string>): string[] {
+  let index = orderIndexes.get(order);
+  if (index === undefined) {
+    index = new Map(order.map((id, i) => [id, i]));
+    orderIndexes.set(order, index);
+  }
+  const known = index;
+  return [...ids].sort((a, b) => (known.get(a) ?? 0) - (known.get(b) ?? 0));
+}
+
+/** Whether every step of the run but `stepId` has ended. */
+function othersEnded(context: RunContext, stepId: string): boolean {
+  for (const id of context.order) {
+    if (id !== stepId && !isFinalStepStatus(context.steps[id]?.status ?? 'PENDING')) return false;
+  }
+  return true;
+}
+
 /** A run in memory: its started actor and its persisted snapshot as of the last event. */
 class LiveRun implements OpenRun {
-  readonly #actor: RunActor;
+  #actor: RunActor;
   #snapshot: RunSnapshot;
+  /** The children object of the run actor's snapshot whose step actors are watched. */
+  #watchedChildren: object | null = null;
+  /** The step actors watched. */
+  readonly #watched = new WeakSet<object>();
+  /** Step actors that processed a message since the last event began (see `#watch`). */
+  readonly #touched = new Set<string>();
+  /** Whether the run's last result may be fed to the run restored with its step alone. */
+  readonly #endsAlone: boolean;
 
-  constructor(actor: RunActor, snapshot: RunSnapshot) {
+  constructor(actor: RunActor, snapshot: RunSnapshot, endsAlone = true) {
     this.#actor = actor;
     this.#snapshot = snapshot;
+    this.#endsAlone = endsAlone;
+    this.#watch();
   }
 
   get snapshot(): RunSnapshot {
     return this.#snapshot;
+  }
+
+  /**
+   * Subscribes to every step actor not yet watched, so that an event tells which steps it moved
+   * without visiting the others (a run of 1,000 steps pays for the few an event reaches). Called
+   * again whenever the run's set of step actors changes (a step reopened, the run ended).
+   */
+  #watch(): void {
+    const children = this.#actor.getSnapshot().children;
+    if (children === this.#watchedChildren) return;
+    for (const id in children) {
+      const ref = children[id];
+      if (ref === undefined || this.#watched.has(ref)) continue;
+      this.#watched.add(ref);
+      const touched = this.#touched;
+      ref.subscribe({ next: () => touched.add(id), error: () => {} });
+    }
+    this.#watchedChildren = children;
   }
 
   send(event: RunEvent): RunTransition {
@@ -250,27 +340,99 @@ class LiveRun implements OpenRun {
         accepted: false,
       };
     }
+    const ending = this.#deliverEnding(event);
+    if (ending !== null) return ending;
     const actor = this.#actor;
     const run = actor.getSnapshot();
-    const steps = Object.values(run.children).map((child) => child?.getSnapshot());
     const planned: PlannedAction[] = [];
     const step = toStep === undefined ? undefined : run.children[toStep.stepId];
+    const touched = this.#touched;
+    touched.clear();
     collecting(planned, () => (step === undefined ? actor.send(event) : step.send(toStep!)));
     check(actor);
     const next = actor.getSnapshot();
-    // Nothing moved when neither the run nor any of its steps has a new snapshot.
-    const moved =
-      next !== run ||
-      Object.values(next.children).some((child, i) => child?.getSnapshot() !== steps[i]);
-    if (moved) this.#snapshot = persist(actor, this.#snapshot);
+    const previous = this.#snapshot;
+    if (next.children !== this.#watchedChildren) {
+      // Step actors came or went: the run is persisted whole.
+      this.#watch();
+      this.#snapshot = persist(actor, previous);
+    } else {
+      const movedSteps = new Set<string>();
+      for (const id of touched) {
+        const ref = next.children[id];
+        if (ref === undefined) continue;
+        const persisted = kernelStepMachine.getPersistedSnapshot(ref.getSnapshot(), undefined);
+        if (previous.children[id]?.snapshot !== persisted) movedSteps.add(id);
+      }
+      touched.clear();
+      if (next === run && movedSteps.size === 0) {
+        return {
+          snapshot: previous,
+          status: statusOf(before),
+          planned,
+          changes: [],
+          accepted: false,
+        };
+      }
+      this.#snapshot = persistMoved(actor, previous, movedSteps);
+      const context = this.#snapshot.context;
+      const moved = inPlanOrder(context.order, movedSteps);
+      noteMovedSteps(this.#snapshot, previous, moved);
+      return {
+        snapshot: this.#snapshot,
+        status: statusOf(context),
+        planned,
+        changes: diffSteps(before, context, moved),
+        accepted: true,
+      };
+    }
     const context = this.#snapshot.context;
     return {
       snapshot: this.#snapshot,
       status: statusOf(context),
       planned,
-      changes: moved ? diffSteps(before, context) : [],
-      accepted: moved,
+      changes: diffSteps(before, context),
+      accepted: true,
     };
+  }
+
+  /**
+   * The result of the run's last open step, fed to the run restored with only the steps it
+   * reaches, when the run ends with it: a run that ends stops each of its step actors, and xstate
+   * copies the set of the others for each one it stops, which a run of 1,000 steps would pay a
+   * million times. Null (nothing fed) when the event is not such a result, or when the run, fed it
+   * so, does not end (it is fed again to the whole run).
+   */
+  #deliverEnding(event: RunEvent): RunTransition | null {
+    if (
+      !this.#endsAlone ||
+      (event.type !== 'step.succeeded' &&
+        event.type !== 'step.cacheHit' &&
+        event.type !== 'step.skipped')
+    ) {
+      return null;
+    }
+    const context = this.#snapshot.context;
+    if (context.order.length < ENDING_ALONE_FROM || !othersEnded(context, event.stepId)) {
+      return null;
+    }
+    const ids = reach(context, event);
+    if (ids === null) return null;
+    let transition: RunTransition;
+    let restored: RunActor;
+    try {
+      restored = restore(this.#snapshot, ids);
+      transition = new LiveRun(restored, this.#snapshot, false).send(event);
+    } catch (error) {
+      if (error instanceof InvariantError) return null;
+      throw error;
+    }
+    if (transition.snapshot.status === 'active') return null;
+    this.#actor = restored;
+    this.#snapshot = transition.snapshot;
+    this.#watchedChildren = null;
+    this.#watch();
+    return transition;
   }
 
   sendStartedWith(
@@ -386,9 +548,14 @@ function reach(context: RunContext, event: RunEvent): Set<string> | null {
   return ids;
 }
 
-function diffSteps(before: RunContext | null, after: RunContext): StepChange[] {
+/** The steps of `ids` (default: every step, in plan order) whose status or attempt changed. */
+function diffSteps(
+  before: RunContext | null,
+  after: RunContext,
+  ids: readonly string[] = after.order,
+): StepChange[] {
   const changes: StepChange[] = [];
-  for (const id of after.order) {
+  for (const id of ids) {
     const prev = before?.steps[id] ?? { status: 'PENDING' as const, attempt: 0 };
     const next = after.steps[id];
     if (next === undefined) continue;
@@ -556,7 +723,7 @@ export function advanceRun(snapshot: RunSnapshot, event: unknown): RunTransition
   const ids = reach(snapshot.context, valid);
   if (ids !== null && ids.size < snapshot.context.order.length) {
     try {
-      return new LiveRun(restore(snapshot, ids), snapshot).send(valid);
+      return new LiveRun(restore(snapshot, ids), snapshot, false).send(valid);
     } catch (error) {
       if (!(error instanceof InvariantError)) throw error;
     }

@@ -148,6 +148,26 @@ function cancelOpenSteps(
   return ordered;
 }
 
+// The steps that depend directly on each step, in plan order, computed once per dependency map.
+const dependents = new WeakMap<RunContext['dependsOn'], Map<string, string[]>>();
+
+/** The steps that depend directly on `stepId`, in plan order. */
+function dependentsOf(context: RunContext, stepId: string): readonly string[] {
+  let map = dependents.get(context.dependsOn);
+  if (map === undefined) {
+    map = new Map();
+    for (const id of context.order) {
+      for (const d of context.dependsOn[id] ?? []) {
+        const list = map.get(d);
+        if (list === undefined) map.set(d, [id]);
+        else if (list[list.length - 1] !== id) list.push(id);
+      }
+    }
+    dependents.set(context.dependsOn, map);
+  }
+  return map.get(stepId) ?? [];
+}
+
 const satisfied = (view: StepView | undefined): boolean =>
   view !== undefined && (view.status === 'SUCCEEDED' || view.status === 'SKIPPED');
 
@@ -524,9 +544,9 @@ export const runMachine = setup({
           const blocks = status === 'FAILED_FINAL' || status === 'CANCELLED';
           if (!unblocks && !blocks) return;
           const blocked: string[] = [];
-          for (const id of context.order) {
+          for (const id of dependentsOf(context, event.stepId)) {
             const deps = context.dependsOn[id] ?? [];
-            if (!deps.includes(event.stepId) || context.steps[id]?.status !== 'PENDING') continue;
+            if (context.steps[id]?.status !== 'PENDING') continue;
             if (context.cancelOrdered.includes(id)) continue;
             if (blocks) {
               blocked.push(id);

@@ -31,7 +31,8 @@ export function deriveRunStatus({
   let allFinal = true;
   let anyFailed = false;
   let anyActive = false;
-  for (const [id, view] of Object.entries(steps)) {
+  for (const id in steps) {
+    const view = steps[id]!;
     const s = view.status;
     // A pending step whose dependencies are all met is about to start: it counts as active.
     if (s === 'PENDING' && (dependsOn[id] ?? []).every((d) => satisfies(steps[d])))

@@ -12,6 +12,7 @@
  */
 import { jsonText } from '../internal/json-text.js';
 import type { RunSnapshot } from './kernel.js';
+import { movedSteps } from './moved-steps.js';
 import { statusOf, type RunContext } from './run-machine.js';
 import {
   isFinalStepStatus,
@@ -271,8 +272,13 @@ export function runSnapshotDelta(
     parts[PLAN_PART] = planPart(ctx);
   }
   parts[RUN_PART] = runPart(next);
-  for (const id in next.children) {
-    const child = next.children[id] as Child;
+  // The steps that moved, when the kernel noted them (the others are the same objects): a commit
+  // of a run of 1,000 steps visits the few its event moved.
+  const ids: Iterable<string> =
+    (previous === undefined ? undefined : movedSteps(next, previous)) ?? Object.keys(next.children);
+  for (const id of ids) {
+    const child = next.children[id];
+    if (child === undefined) continue;
     const view = ctx.steps[id];
     const before = previous?.children[id];
     const output = child.snapshot.context.output;
