@@ -90,8 +90,19 @@ function overOf(budgets: RunBudgets, used: TreeUsage): JsonValue | null {
 }
 
 /** Whether a run may have children: its plan has a run step, or a map step of `run` items. */
-const hasRunSteps = (meta: RunMeta): boolean =>
-  meta.plan.steps.some((s) => s.kind === 'run' || (s.kind === 'map' && s.item.kind === 'run'));
+const hasRunSteps = (meta: RunMeta): boolean => {
+  let has = plansWithRunSteps.get(meta.plan);
+  if (has === undefined) {
+    has = meta.plan.steps.some(
+      (s) => s.kind === 'run' || (s.kind === 'map' && s.item.kind === 'run'),
+    );
+    plansWithRunSteps.set(meta.plan, has);
+  }
+  return has;
+};
+
+// Whether each plan has run steps, computed once per plan object (asked at each unit's admission).
+const plansWithRunSteps = new WeakMap<RunMeta['plan'], boolean>();
 
 /**
  * The first run, from `runId` (when it has run steps) up through its ancestors still going, whose

@@ -45,6 +45,7 @@ import {
   type Admitted,
   type UnitHost,
 } from './unit.js';
+import { planStep } from '../plan/graph.js';
 
 /** How many lost races a run step's unit absorbs (each reloads the run and decides again). */
 const MAX_TRIES = 50;
@@ -299,7 +300,7 @@ async function cancelOrphan(
   snapshot: RunSnapshot,
   stepId: string,
 ): Promise<void> {
-  const step = meta.plan.steps.find((s) => s.id === stepId);
+  const step = planStep(meta.plan, stepId);
   const state = snapshot.children[stepId]?.snapshot;
   if (step?.kind !== 'run' || step.onParentCancel === 'abandon' || state === undefined) return;
   if (state.value !== 'CANCELLED' && state.value !== 'SKIPPED') return;

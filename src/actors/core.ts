@@ -33,6 +33,7 @@ import {
   type CheckedDurability,
   type DurabilityOptions,
 } from '../persistence/replicas.js';
+import { planStep } from '../plan/graph.js';
 
 /** What the `onStepFailure` hook is told about one failed attempt, after its commit. */
 export interface StepFailureInfo {
@@ -323,7 +324,7 @@ export class RuntimeCore {
     // A run that ended with reservations open (a worker died mid-call): settled at its end.
     this.meta.settleOpen = (runId, meta) =>
       this.meter.settle({ tenantId: meta.tenantId, runId }, (r) => {
-        const step = meta.plan.steps.find((s) => s.id === r.stepId);
+        const step = planStep(meta.plan, r.stepId);
         const mode = step?.kind === 'agent' && step.mode === 'granular' ? 'granular' : 'atomic';
         return journaledReplyOf(this, runId, mode, r);
       });

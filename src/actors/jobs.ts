@@ -1,6 +1,6 @@
 import { InputValidationError } from '../errors.js';
-import { runSteps, type RunSnapshot } from '../machines/kernel.js';
-import type { PlannedAction } from '../machines/types.js';
+import { runSteps, stepEntry, type RunSnapshot } from '../machines/kernel.js';
+import { isFinalStepStatus, type PlannedAction } from '../machines/types.js';
 
 /** The kinds of BullMQ job that drive runs: one unit of work each. */
 export const JobName = {
@@ -379,7 +379,7 @@ export function plannedJobs(
   const jobs: JobSpec[] = [];
   for (const p of planned) {
     if (p.type === 'step.execute') {
-      const context = snapshot.children[p.stepId]?.snapshot.context;
+      const context = stepEntry(snapshot, p.stepId)?.snapshot.context;
       jobs.push(
         unitJob(runId, p.stepId, {
           attempt: p.attempt,
@@ -423,8 +423,12 @@ export function unitJobOf(data: JobData): JobSpec {
 export function soleUnit(runId: string, snapshot: RunSnapshot): JobSpec | null {
   if (snapshot.status !== 'active') return null;
   let sole: [string, RunSnapshot['children'][string]['snapshot']] | null = null;
-  for (const stepId in snapshot.children) {
-    const child = snapshot.children[stepId]!.snapshot;
+  const views = snapshot.context.steps;
+  for (const stepId of snapshot.context.order) {
+    // A step the run saw end has ended (a step reopened is seen PENDING first).
+    if (isFinalStepStatus(views[stepId]?.status ?? 'PENDING')) continue;
+    const child = stepEntry(snapshot, stepId)?.snapshot;
+    if (child === undefined) continue;
     if (!isUnitDue(child.context, child.value)) continue;
     if (sole !== null) return null;
     sole = [stepId, child];

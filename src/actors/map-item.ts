@@ -36,6 +36,7 @@ import { itemChildResult } from './map-item-child.js';
 import { abortMessage } from './runtime-queues.js';
 import type { RunMeta } from './runtime-meta.js';
 import { attemptLimit, executionDepsFor, guardUnit, stopForBudget, type UnitHost } from './unit.js';
+import { planStep } from '../plan/graph.js';
 
 /** What an item job came to: a word, or "come back later" (a tool call another worker holds). */
 export type ItemOutcomeWord = string | { retryAfterMs: number };
@@ -93,7 +94,7 @@ export async function runMapItemUnit(
   }
   const begun = await core.stores.maps.begin(runId, stepId, attempt, index, itemAttempt);
   if (begun.kind !== 'run') return `item-${begun.kind}`;
-  const map = meta.plan.steps.find((s) => s.id === stepId) as MapStep;
+  const map = planStep(meta.plan, stepId) as MapStep;
   const element = JSON.parse(begun.element) as JsonValue;
   // 2. Guard and execute (or, for a `run` item, start the child, and take its end once it ended).
   let result: StepResult;

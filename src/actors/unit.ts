@@ -31,6 +31,7 @@ import {
 import type { JsonValue } from '../internal/json.js';
 import {
   runSteps,
+  stepEntry,
   type RunSnapshot,
   type RunTransition,
   type StepState,
@@ -57,6 +58,7 @@ import { replayedCalls } from '../execution/replay-calls.js';
 import type { AppliedEvent, HostCommitOptions } from './run-host.js';
 import type { StepCacheDeps } from '../execution/step-cache.js';
 import type { AgentUnit } from './unit-start.js';
+import { planStep } from '../plan/graph.js';
 
 /**
  * What every unit a worker runs is given, built once when the worker starts (see
@@ -251,7 +253,7 @@ export async function outputsOf(
   const stored: string[] = [];
   const missing = env.outputsMissing;
   for (const d of ids) {
-    const child = env.snapshot.children[d]?.snapshot;
+    const child = stepEntry(env.snapshot, d)?.snapshot;
     const output = child?.context.output;
     if (output !== undefined && output !== null) out[d] = output;
     else if (child?.value === 'SKIPPED') out[d] = null;
@@ -379,7 +381,7 @@ export async function admitLoaded(
 ): Promise<Admitted | string> {
   const { core } = host;
   const { runId } = data;
-  const child = env.snapshot.children[data.stepId!]?.snapshot;
+  const child = stepEntry(env.snapshot, data.stepId!)?.snapshot;
   const state: StepState | undefined =
     child === undefined ? undefined : { ...child.context, status: child.value };
   if (
@@ -419,7 +421,7 @@ export async function admitLoaded(
       return 'budget';
     }
   }
-  const step = meta.plan.steps.find((s) => s.id === data.stepId)!;
+  const step = planStep(meta.plan, data.stepId)!;
   return { env, state, meta, step };
 }
 
@@ -553,7 +555,7 @@ export function notifyFailures(
   if (hook === undefined || !applied.committed) return;
   for (const e of events) {
     if (e.type !== 'step.failed') continue;
-    const status = applied.envelope.snapshot.children[e.stepId]?.snapshot.value;
+    const status = stepEntry(applied.envelope.snapshot, e.stepId)?.snapshot.value;
     const failure: StepFailureInfo = {
       runId,
       stepId: e.stepId,

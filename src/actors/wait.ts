@@ -31,6 +31,7 @@ import type { RunEvent } from '../schemas/events.js';
 import type { JobData } from './jobs.js';
 import { failed, type Admitted, type UnitHost } from './unit.js';
 import { runChildWake } from './child.js';
+import { planStep } from '../plan/graph.js';
 
 /** What a wait decided: events to commit, nothing to do yet, or a timer woken early. */
 type WaitDecision = { events: RunEvent[] } | { idle: true } | { laterMs: number };
@@ -56,7 +57,7 @@ export async function runWakeUnit(
   host: UnitHost,
   data: JobData,
 ): Promise<string | { retryAfterMs: number }> {
-  const step = (await host.core.meta.read(data.runId)).plan.steps.find((s) => s.id === data.stepId);
+  const step = planStep((await host.core.meta.read(data.runId)).plan, data.stepId);
   // A run step's child ended: child.ts takes its end.
   if (step?.kind === 'run') return runChildWake(host, data);
   return settleWait(host, data, await host.core.host.load(data.runId), 'WAITING');
@@ -95,7 +96,7 @@ async function settleWait(
       return 'already-done';
     }
     const meta = await core.meta.read(runId);
-    const step = meta.plan.steps.find((s) => s.id === data.stepId);
+    const step = planStep(meta.plan, data.stepId);
     const talks = step?.kind === 'agent' && step.conversation === true;
     if (step?.kind !== 'wait' && !talks) return 'not-a-wait';
     const decision =

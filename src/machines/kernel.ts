@@ -10,6 +10,7 @@ import {
 import { zodIssuesToValidationIssues } from '../schemas/issues.js';
 import { noteMovedSteps } from './moved-steps.js';
 import { runMachine, statusOf, type RunContext } from './run-machine.js';
+import { withinOneEvent } from './step-views.js';
 import { stepMachine, type StepMachine } from './step-machine.js';
 import {
   isFinalStepStatus,
@@ -186,7 +187,7 @@ function collecting(planned: PlannedAction[], work: () => void): void {
   const outer = sink;
   sink = planned;
   try {
-    work();
+    withinOneEvent(work);
   } finally {
     sink = outer;
   }
@@ -228,7 +229,8 @@ const NO_CONTEXT = Object.freeze({}) as RunContext;
 /**
  * {@link persist} when only the steps in `moved` can have changed since `previous` (the same run
  * actor, the same step actors): xstate persists the run with those steps alone, and every other
- * step keeps its entry. Its cost follows the steps that moved, not the run's size.
+ * step keeps its entry. Its cost follows the steps that moved, not the run's size: the snapshot's
+ * `children` are built only when read whole (see {@link stepEntry}).
  */
 function persistMoved(
   actor: RunActor,
@@ -245,14 +247,96 @@ function persistMoved(
     ...snapshot,
     context: NO_CONTEXT,
     children: refs,
-  } as typeof snapshot);
+  });
   if (!isRunSnapshot(shell)) throw new InvariantError('unreadable run snapshot');
-  const children = { ...previous.children };
+  const entries = new Map<string, PersistedStep>();
   for (const id in shell.children) {
     const entry = shell.children[id]!;
-    if (previous.children[id]?.snapshot !== entry.snapshot) children[id] = knownEntry(entry);
+    if (stepEntry(previous, id)?.snapshot !== entry.snapshot) entries.set(id, knownEntry(entry));
   }
-  return { ...shell, context: snapshot.context, children };
+  return lazyChildren({ ...shell, context: snapshot.context }, previous, entries);
+}
+
+/*
+ * A run of 1,000 steps would copy its 1,000 step entries on every event (the snapshot is
+ * immutable), and an object of that many keys costs hundreds of µs to copy. Instead, a snapshot
+ * made from the one before by a few steps' entries holds those and a link to the one before, and
+ * builds its `children` the first time they are read whole (a point read, `stepEntry`, follows the
+ * links). At most LAZY_DEPTH snapshots are linked so: the next one is built at once, so that a
+ * chain never holds more than that many snapshots alive, nor makes a point read walk further.
+ */
+
+/** A snapshot whose `children` are not built yet: its base's, with `entries` in their place. */
+interface LazyChildren {
+  base: RunSnapshot;
+  entries: ReadonlyMap<string, PersistedStep>;
+  depth: number;
+}
+
+const lazy = new WeakMap<RunSnapshot, LazyChildren>();
+const LAZY_DEPTH = 16;
+
+/** `shell` (a snapshot without children) with the children of `base` but for `entries`. */
+function lazyChildren(
+  shell: Omit<RunSnapshot, 'children'>,
+  base: RunSnapshot,
+  entries: ReadonlyMap<string, PersistedStep>,
+): RunSnapshot {
+  const depth = (lazy.get(base)?.depth ?? 0) + 1;
+  const snapshot = shell as RunSnapshot;
+  let built: RunSnapshot['children'] | undefined;
+  Object.defineProperty(snapshot, 'children', {
+    enumerable: true,
+    configurable: true,
+    get(): RunSnapshot['children'] {
+      if (built === undefined) {
+        built = buildChildren(snapshot);
+        lazy.delete(snapshot);
+      }
+      return built;
+    },
+  });
+  lazy.set(snapshot, { base, entries, depth });
+  // The chain is cut here: this snapshot's children are built now.
+  if (depth >= LAZY_DEPTH) void snapshot.children;
+  return snapshot;
+}
+
+/** The children of a lazy snapshot, built: its nearest built base's, with each link's entries. */
+function buildChildren(snapshot: RunSnapshot): RunSnapshot['children'] {
+  const links: LazyChildren[] = [];
+  let at = snapshot;
+  for (let link = lazy.get(at); link !== undefined; link = lazy.get(at)) {
+    links.push(link);
+    at = link.base;
+  }
+  const base = at.children;
+  const children: RunSnapshot['children'] = {};
+  // In plan order, each step's newest entry.
+  for (const id of snapshot.context.order) {
+    let entry: PersistedStep | undefined;
+    for (const link of links) {
+      entry = link.entries.get(id);
+      if (entry !== undefined) break;
+    }
+    entry ??= base[id];
+    if (entry !== undefined) children[id] = entry;
+  }
+  return children;
+}
+
+/**
+ * The entry of step `stepId` in a run snapshot (`snapshot.children[stepId]`), read without
+ * building the children of a snapshot that has not built them.
+ */
+export function stepEntry(snapshot: RunSnapshot, stepId: string): PersistedStep | undefined {
+  let at = snapshot;
+  for (let link = lazy.get(at); link !== undefined; link = lazy.get(at)) {
+    const entry = link.entries.get(stepId);
+    if (entry !== undefined) return entry;
+    at = link.base;
+  }
+  return at.children[stepId];
 }
 
 // Each step id's index in a run's plan order, computed once per order array.
@@ -362,7 +446,7 @@ class LiveRun implements OpenRun {
         const ref = next.children[id];
         if (ref === undefined) continue;
         const persisted = kernelStepMachine.getPersistedSnapshot(ref.getSnapshot(), undefined);
-        if (previous.children[id]?.snapshot !== persisted) movedSteps.add(id);
+        if (stepEntry(previous, id)?.snapshot !== persisted) movedSteps.add(id);
       }
       touched.clear();
       if (next === run && movedSteps.size === 0) {
@@ -452,7 +536,7 @@ class LiveRun implements OpenRun {
     const { stepId, attempt } = started;
     const before = this.#snapshot.context;
     const view = before.steps[stepId];
-    const child = this.#snapshot.children[stepId]?.snapshot;
+    const child = stepEntry(this.#snapshot, stepId)?.snapshot;
     if (
       view?.status !== 'READY' ||
       view.attempt !== attempt ||

@@ -7,8 +7,9 @@
 import type { RunSnapshot } from './kernel.js';
 
 /** The steps of a snapshot that may differ from `previous`'s; every other step is the same object. */
-export interface MovedSteps {
-  previous: RunSnapshot;
+interface MovedSteps {
+  // Weakly: a snapshot must not keep every snapshot before it alive.
+  previous: WeakRef<RunSnapshot>;
   steps: readonly string[];
 }
 
@@ -20,7 +21,7 @@ export function noteMovedSteps(
   previous: RunSnapshot,
   steps: readonly string[],
 ): void {
-  notes.set(next, { previous, steps });
+  notes.set(next, { previous: new WeakRef(previous), steps });
 }
 
 /** The steps in which `next` may differ from `previous`; undefined when not known. */
@@ -29,5 +30,5 @@ export function movedSteps(
   previous: RunSnapshot,
 ): readonly string[] | undefined {
   const note = notes.get(next);
-  return note !== undefined && note.previous === previous ? note.steps : undefined;
+  return note !== undefined && note.previous.deref() === previous ? note.steps : undefined;
 }

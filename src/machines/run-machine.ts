@@ -6,7 +6,7 @@ import type { Plan, PlanInput } from '../plan/schema.js';
 import { stepNeedsApproval } from '../plan/schema.js';
 import { CONDITION_FALSE } from '../plan/condition.js';
 import type { RunEvent } from '../schemas/events.js';
-import { deriveRunStatus } from './run-status.js';
+import { viewsCopy, viewsStatus, withView } from './step-views.js';
 import { stepMachine, type StepEvent, type StepInput } from './step-machine.js';
 import {
   StepReason,
@@ -111,23 +111,9 @@ export function runInputOf(input: RunMachineInput | undefined): RunInput {
   return resolved;
 }
 
-// Contexts are never mutated (each assign makes a new one), so the status derived from one can be
-// kept: the eventless guards below ask for it several times per event.
-const statuses = new WeakMap<RunContext, RunStatus>();
-
-/** The run's status, derived from its context. */
+/** The run's status, derived from its context (see `deriveRunStatus`; read off a tally here). */
 export function statusOf(context: RunContext): RunStatus {
-  let status = statuses.get(context);
-  if (status === undefined) {
-    status = deriveRunStatus({
-      steps: context.steps,
-      dependsOn: context.dependsOn,
-      cancelRequested: context.cancel !== null,
-      stopped: context.stop !== null,
-    });
-    statuses.set(context, status);
-  }
-  return status;
+  return viewsStatus(context, context.cancel !== null, context.stop !== null);
 }
 
 /** Orders every open step cancelled with `reason`, once; returns the ids ordered. */
@@ -459,7 +445,7 @@ export const runMachine = setup({
           const contextOf = (id: string) => endedStepContext(children[id], id);
           const skipped = event.stepId;
           const reopened = reopenedBySkip(context, skipped, contextOf);
-          const steps = { ...context.steps };
+          const steps = viewsCopy(context);
           for (const id of [skipped, ...reopened]) {
             const old = contextOf(id);
             enqueue.stopChild(id);
@@ -524,13 +510,15 @@ export const runMachine = setup({
     'step.reported': {
       actions: [
         assign({
-          steps: ({ context, event }) => ({
-            ...context.steps,
-            [event.stepId]:
+          steps: ({ context, event }) =>
+            withView(
+              context,
+              event.stepId,
               event.planned?.type === 'step.wait' && event.planned.child !== undefined
                 ? { status: event.status, attempt: event.attempt, child: true as const }
                 : { status: event.status, attempt: event.attempt },
-          }),
+              dependentsOf(context, event.stepId),
+            ),
           updatedAt: ({ context, event }) => Math.max(context.updatedAt, event.at),
           cancelOrdered: ({ context, event }) =>
             isFinalStepStatus(event.status)
@@ -610,7 +598,7 @@ export const runMachine = setup({
               enqueue.spawnChild('step', { id, input: reopenInput(old, event.at) });
               reopened.push(id);
             }
-            const steps = { ...context.steps };
+            const steps = viewsCopy(context);
             for (const id of reopened) {
               steps[id] = { status: 'PENDING', attempt: context.steps[id]?.attempt ?? 0 };
             }

@@ -2,6 +2,8 @@ import { isFinalStepStatus, type RunStatus, type StepView } from './types.js';
 
 /** What the run's status is derived from. */
 export interface RunStatusInput {
+  /** The step ids, when known (faster than walking `steps`' keys). */
+  order?: readonly string[];
   steps: Readonly<Record<string, StepView>>;
   dependsOn: Readonly<Record<string, readonly string[]>>;
   cancelRequested: boolean;
@@ -23,6 +25,7 @@ const satisfies = (view: StepView | undefined): boolean =>
  *   for a run step waiting for its child run, which works meanwhile).
  */
 export function deriveRunStatus({
+  order,
   steps,
   dependsOn,
   cancelRequested,
@@ -31,8 +34,9 @@ export function deriveRunStatus({
   let allFinal = true;
   let anyFailed = false;
   let anyActive = false;
-  for (const id in steps) {
-    const view = steps[id]!;
+  for (const id of order ?? Object.keys(steps)) {
+    const view = steps[id];
+    if (view === undefined) continue;
     const s = view.status;
     // A pending step whose dependencies are all met is about to start: it counts as active.
     if (s === 'PENDING' && (dependsOn[id] ?? []).every((d) => satisfies(steps[d])))

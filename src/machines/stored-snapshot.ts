@@ -11,7 +11,7 @@
  * A field this release does not know is kept as it is, so a newer field survives an older reader.
  */
 import { jsonText } from '../internal/json-text.js';
-import type { RunSnapshot } from './kernel.js';
+import { stepEntry, type RunSnapshot } from './kernel.js';
 import { movedSteps } from './moved-steps.js';
 import { statusOf, type RunContext } from './run-machine.js';
 import {
@@ -274,13 +274,12 @@ export function runSnapshotDelta(
   parts[RUN_PART] = runPart(next);
   // The steps that moved, when the kernel noted them (the others are the same objects): a commit
   // of a run of 1,000 steps visits the few its event moved.
-  const ids: Iterable<string> =
-    (previous === undefined ? undefined : movedSteps(next, previous)) ?? Object.keys(next.children);
-  for (const id of ids) {
-    const child = next.children[id];
+  const moved = previous === undefined ? undefined : movedSteps(next, previous);
+  for (const id of moved ?? Object.keys(next.children)) {
+    const child = stepEntry(next, id);
     if (child === undefined) continue;
     const view = ctx.steps[id];
-    const before = previous?.children[id];
+    const before = previous === undefined ? undefined : stepEntry(previous, id);
     const output = child.snapshot.context.output;
     if (before === undefined) {
       parts[STEP_PART_PREFIX + id] = stepPart(child, view);

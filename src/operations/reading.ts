@@ -22,6 +22,7 @@ import { withRedisDeadline } from '../persistence/redis-errors.js';
 import { lastStatusId, readRunStatus } from '../persistence/run-lookups.js';
 import type { StreamEntry } from '../persistence/stream-watcher.js';
 import { lineageFrom, replaysOf, type RunLineage } from '../worker/replay.js';
+import { planStep as stepOfPlan } from '../plan/graph.js';
 
 /** What a person is asked to decide on: a step's gate, or one tool call of the step. */
 export interface PendingApproval {
@@ -299,7 +300,7 @@ export function pendingApprovals(steps: readonly StepState[], plan: Plan): Pendi
   const out: PendingApproval[] = [];
   for (const s of steps) {
     if (s.status !== 'WAITING_APPROVAL') continue;
-    const planStep = plan.steps.find((p) => p.id === s.stepId);
+    const planStep = stepOfPlan(plan, s.stepId);
     out.push({
       stepId: s.stepId,
       reason: planStep?.gate?.reason ?? null,

@@ -157,3 +157,20 @@ export function topologicalOrder(plan: Plan): string[] {
   }
   return order;
 }
+
+// Each plan's steps by id, computed once per plan object: a unit of a run of 1,000 steps looks
+// its step up without walking the plan.
+const stepsById = new WeakMap<Plan, Map<string, Plan['steps'][number]>>();
+
+/** The step of `plan` with id `stepId`; undefined when it has none. */
+export function planStep(
+  plan: Plan,
+  stepId: string | undefined,
+): Plan['steps'][number] | undefined {
+  let byId = stepsById.get(plan);
+  if (byId === undefined) {
+    byId = new Map(plan.steps.map((s) => [s.id, s]));
+    stepsById.set(plan, byId);
+  }
+  return stepId === undefined ? undefined : byId.get(stepId);
+}

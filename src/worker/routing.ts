@@ -9,6 +9,7 @@ import type { RuntimeCore } from '../actors/core.js';
 import { InputValidationError } from '../errors.js';
 import { JobName, type JobData } from '../actors/jobs.js';
 import type { WorkerIdentity } from '../persistence/unit-notes.js';
+import { planStep } from '../plan/graph.js';
 
 /** How long a unit no worker here can run stays back in its queue before it is looked at again. */
 export const PUT_BACK_MS = 2000;
@@ -43,7 +44,7 @@ export async function missingFor(
     if (error instanceof InputValidationError) return null;
     throw error;
   }
-  const step = meta.plan.steps.find((s) => s.id === data.stepId);
+  const step = planStep(meta.plan, data.stepId);
   if (step === undefined) return null;
   const { operators, agents } = core.registry;
   // A map step's units (its start and its items) need what its items run.
