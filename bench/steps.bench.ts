@@ -20,10 +20,20 @@
  *   BENCH_REPS=5 BENCH_RUNS=200 npm run bench:steps
  *   BENCH_ONLY=growth BENCH_GROWTH_RUNS=3 npm run bench:steps
  *   BENCH_ONLY=width npm run bench:steps
+ *   BENCH_ONLY=latency npm run bench:steps
+ *   BENCH_ONLY=floors npm run bench:steps
  *   BENCH_ONLY=follow npm run bench:steps
  *
  * Then followers: 8 runs of 100 steps returning 20 KB at once, waited for by `settled()` or
  * followed by `outcomes({ follow: true })`, as `follow vs settled ratio (8 × 100 × 20 KB): <x>`.
+ *
+ * With the floors, the worker process's CPU per step at concurrency 8 and 32 against a BullMQ
+ * chain's, as `client CPU per step vs BullMQ chain ratio: <x> at concurrency <c>`, and throughput
+ * at concurrency 32 as `steps/s vs BullMQ chains ratio at concurrency 32: <x>`.
+ *
+ * Then latency: lines of 10 and 100 steps returning 200 B or 20 KB, one run at a time through
+ * `start()` and `settled()`, against a bare Lua compare-and-set of the same payload, AOF always, as
+ * `steps vs bare CAS latency ratio (<steps> × <size>): <x>`.
  *
  * Then width: fan-out runs (a root, independent leaves, a join) of 100 and 1,000 steps, one at a
  * time, as `fan-out 1000 vs 100 per-step cost ratio: <x>` (1.0: a step costs the same however many
@@ -83,6 +93,7 @@ async function bullmqChains(url: string, chains: number, concurrency: number): P
   );
   await worker.waitUntilReady();
   const t0 = performance.now();
+  const cpu0 = process.cpuUsage();
   await queue.addBulk(
     Array.from({ length: chains }, (_, chain) => ({
       name: 's',
@@ -92,6 +103,7 @@ async function bullmqChains(url: string, chains: number, concurrency: number): P
   );
   await finished;
   const ms = performance.now() - t0;
+  lastCpuMs = cpuMs(process.cpuUsage(cpu0));
   await worker.close();
   await queue.obliterate({ force: true });
   await queue.close();
@@ -100,6 +112,10 @@ async function bullmqChains(url: string, chains: number, concurrency: number): P
   workerConn.disconnect();
   return ms;
 }
+
+/** The CPU time of the last `bullmqChains` or parallel `flujoRuns`, ms (this process: the worker's). */
+let lastCpuMs = 0;
+const cpuMs = (u: NodeJS.CpuUsage): number => (u.user + u.system) / 1000;
 
 /** The CAS floor: µs per bare WATCH/HGET/MULTI/HSET/XADD/EXEC of a ~5 KB snapshot. */
 async function bareCas(url: string, n: number): Promise<number> {
@@ -140,8 +156,9 @@ async function flujoRuns(
   runtime.operator('noop', () => null);
   const { redis } = runtimeCore(runtime);
   const { keys } = runtimeCore(runtime).stores;
+  // Polled every 10 ms: a poll is a few µs of this process's CPU, which the figures count.
   const idle = async () => {
-    while ((await redis.scard(keys.activeRuns())) > 0) await new Promise((r) => setTimeout(r, 2));
+    while ((await redis.scard(keys.activeRuns())) > 0) await new Promise((r) => setTimeout(r, 10));
   };
   const ids: string[] = [];
   let workerStart = 0;
@@ -167,8 +184,10 @@ async function flujoRuns(
     });
     await worker.ready();
     workerStart = Date.now();
+    const cpu0 = process.cpuUsage();
     await runtimeCore(runtime).queues.queue.resume();
     await idle();
+    lastCpuMs = cpuMs(process.cpuUsage(cpu0));
   }
   let last = 0;
   let summed = 0;
@@ -250,7 +269,12 @@ async function measure(appendfsync: 'everysec' | 'always'): Promise<number> {
       single1: [], // ms per step, flujo with one job per step, concurrency 1
       single32: [], // steps/s, flujo with one job per step, concurrency 32
       api32: [], // steps/s, flujo through start() and settled(), concurrency 32
+      cpuChain8: [], // client CPU ms per step, BullMQ chains, concurrency 8
+      cpuFlujo8: [], // client CPU ms per step, flujo, concurrency 8
+      cpuChain32: [], // client CPU ms per step, BullMQ chains, concurrency 32
+      cpuFlujo32: [], // client CPU ms per step, flujo, concurrency 32
     };
+    const steps = PAR_RUNS * STEPS;
     // Warm-up of both paths, at both concurrencies, so every figure below is of warm code.
     await bullmqChains(server.url, 20, 1);
     await flujoRuns(server.url, 5, 1);
@@ -266,9 +290,15 @@ async function measure(appendfsync: 'everysec' | 'always'): Promise<number> {
       rows.chain32!.push(
         (PAR_RUNS * STEPS) / ((await bullmqChains(server.url, PAR_RUNS, CONCURRENCY)) / 1000),
       );
+      rows.cpuChain32!.push(lastCpuMs / steps);
       rows.flujo32!.push(
         (PAR_RUNS * STEPS) / ((await flujoRuns(server.url, PAR_RUNS, CONCURRENCY)) / 1000),
       );
+      rows.cpuFlujo32!.push(lastCpuMs / steps);
+      await bullmqChains(server.url, PAR_RUNS, 8);
+      rows.cpuChain8!.push(lastCpuMs / steps);
+      await flujoRuns(server.url, PAR_RUNS, 8);
+      rows.cpuFlujo8!.push(lastCpuMs / steps);
       rows.single1!.push((await flujoRuns(server.url, SEQ_RUNS, 1, 0)) / (SEQ_RUNS * STEPS));
       rows.single32!.push(
         (PAR_RUNS * STEPS) / ((await flujoRuns(server.url, PAR_RUNS, CONCURRENCY, 0)) / 1000),
@@ -303,6 +333,22 @@ async function measure(appendfsync: 'everysec' | 'always'): Promise<number> {
     );
     console.log(
       `  start() → settled(), conc. 32   ${median(rows.api32!).toFixed(0)} steps/s  (${spread(rows.api32!)}); / flujo, conc. 32 ${(median(rows.api32!) / median(rows.flujo32!)).toFixed(2)}`,
+    );
+    console.log(
+      `  client CPU per step, conc. 8    flujo ${median(rows.cpuFlujo8!).toFixed(3)} ms (${spread(rows.cpuFlujo8!)}), BullMQ chain ${median(rows.cpuChain8!).toFixed(3)} ms (${spread(rows.cpuChain8!)})`,
+    );
+    console.log(
+      `  client CPU per step, conc. 32   flujo ${median(rows.cpuFlujo32!).toFixed(3)} ms (${spread(rows.cpuFlujo32!)}), BullMQ chain ${median(rows.cpuChain32!).toFixed(3)} ms (${spread(rows.cpuChain32!)})`,
+    );
+    const aof = `(AOF ${appendfsync})`;
+    for (const c of [8, 32]) {
+      const ratio = median(rows[`cpuFlujo${c}`]!) / median(rows[`cpuChain${c}`]!);
+      console.log(
+        `client CPU per step vs BullMQ chain ratio: ${ratio.toFixed(2)} at concurrency ${c} ${aof}`,
+      );
+    }
+    console.log(
+      `steps/s vs BullMQ chains ratio at concurrency 32: ${(median(rows.flujo32!) / median(rows.chain32!)).toFixed(2)} ${aof}`,
     );
     return median(rows.flujo32!);
   } finally {
@@ -497,6 +543,112 @@ async function followers(): Promise<void> {
   }
 }
 
+// A compare-and-set at its floor: the version checked, the snapshot and its version written, an
+// event appended, in one script (one round trip), as a commit of one step would be at the least.
+const CAS_LUA = `if redis.call('HGET', KEYS[1], 'v') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'v', ARGV[2], 's', ARGV[3])
+redis.call('XADD', KEYS[2], '*', 't', 'step.succeeded', 'd', '{}')
+return 1`;
+
+/** ms per bare Lua compare-and-set commit of a `bytes`-byte payload, `n` one after the other. */
+async function bareLuaCas(url: string, n: number, bytes: number): Promise<number> {
+  const r = new Redis(url);
+  const cas = (...args: string[]) =>
+    r.eval(CAS_LUA, 2, '{bench-lua}:snap', '{bench-lua}:events', ...args);
+  const payload = 'x'.repeat(bytes);
+  await r.hset('{bench-lua}:snap', 'v', '0');
+  await cas('0', '0', payload); // loads the script (EVAL keeps it cached)
+  const t0 = performance.now();
+  for (let v = 0; v < n; v++) {
+    if ((await cas(String(v), String(v + 1), payload)) !== 1) throw new Error('CAS refused');
+  }
+  const ms = (performance.now() - t0) / n;
+  await r.del('{bench-lua}:snap', '{bench-lua}:events');
+  r.disconnect();
+  return ms;
+}
+
+/**
+ * ms per step of `runs` line runs of `steps` steps that each return `bytes` bytes, one at a time,
+ * each timed as its caller waits: from calling `start()` to `settled()` resolving.
+ */
+async function settledShape(
+  url: string,
+  steps: number,
+  bytes: number,
+  runs: number,
+): Promise<number> {
+  const runtime = createRuntime({ redis: url, prefix: `l${randomUUID().slice(0, 6)}` });
+  const output = 'x'.repeat(bytes);
+  runtime.operator('out', () => output);
+  const worker = runtime.createWorker({ concurrency: 1, recoverOnStart: false });
+  await worker.ready();
+  const line: PlanInput = {
+    name: `latency-${steps}`,
+    steps: Array.from({ length: steps }, (_, i) => ({
+      id: `s${i}`,
+      kind: 'operator' as const,
+      operator: 'out',
+      dependsOn: i === 0 ? [] : [`s${i - 1}`],
+    })),
+  };
+  let ms = 0;
+  for (let i = 0; i < runs; i++) {
+    const t0 = performance.now();
+    const report = await (await runtime.start(line, null)).settled();
+    ms += performance.now() - t0;
+    if (report.status !== 'succeeded') throw new Error(`latency run ${report.status}`);
+  }
+  await worker.close();
+  await runtime.close();
+  return ms / (runs * steps);
+}
+
+/**
+ * Latency against the commit floor: one run at a time, ms per step through `start()` and
+ * `settled()`, beside a bare Lua compare-and-set of the same payload, both with AOF `always`, for
+ * lines of 10 and 100 steps returning 200 B or 20 KB, as `steps vs bare CAS latency ratio
+ * (<shape>): <x>`.
+ */
+async function latency(): Promise<void> {
+  const server = await startRedisServer(['--appendonly', 'yes', '--appendfsync', 'always']);
+  try {
+    const shapes = [
+      [10, 200],
+      [10, 20_000],
+      [100, 200],
+      [100, 20_000],
+    ] as const;
+    await settledShape(server.url, 10, 200, 5); // warm-up
+    await bareLuaCas(server.url, 100, 200);
+    const flujo = shapes.map((): number[] => []);
+    const cas = shapes.map((): number[] => []);
+    for (let rep = 0; rep < REPS; rep++) {
+      for (const [i, [steps, bytes]] of shapes.entries()) {
+        flujo[i]!.push(await settledShape(server.url, steps, bytes, steps === 10 ? 10 : 2));
+        cas[i]!.push(await bareLuaCas(server.url, 500, bytes));
+      }
+    }
+    console.log(
+      `\nLatency: line runs one at a time through start() and settled(), beside a bare Lua CAS commit of the same payload, AOF always (median of ${REPS}, min–max)`,
+    );
+    const label = (steps: number, bytes: number) =>
+      `${steps} × ${bytes >= 1000 ? `${bytes / 1000} KB` : `${bytes} B`}`;
+    for (const [i, [steps, bytes]] of shapes.entries()) {
+      console.log(
+        `  ${label(steps, bytes).padEnd(12)} flujo ${median(flujo[i]!).toFixed(3)} ms/step (${spread(flujo[i]!)}), bare CAS ${median(cas[i]!).toFixed(3)} ms (${spread(cas[i]!)})`,
+      );
+    }
+    for (const [i, [steps, bytes]] of shapes.entries()) {
+      console.log(
+        `steps vs bare CAS latency ratio (${label(steps, bytes)}): ${(median(flujo[i]!) / median(cas[i]!)).toFixed(2)}`,
+      );
+    }
+  } finally {
+    await server.stop();
+  }
+}
+
 /** A fan-out plan: a root, `leaves` independent steps after it, and a join after them all. */
 function fanOut(leaves: number): PlanInput {
   return {
@@ -585,7 +737,7 @@ console.log(
   }
 }
 
-// BENCH_ONLY=growth (or width, or follow) runs those figures alone; BENCH_SETTLED_ONLY=1 only the
+// BENCH_ONLY=growth (or width, follow, latency, floors: the everysec floors) runs those figures alone; BENCH_SETTLED_ONLY=1 only the
 // settled() latency above.
 if (process.env['BENCH_ONLY'] === 'growth') {
   await growth();
@@ -593,9 +745,14 @@ if (process.env['BENCH_ONLY'] === 'growth') {
   await followers();
 } else if (process.env['BENCH_ONLY'] === 'width') {
   await width();
+} else if (process.env['BENCH_ONLY'] === 'latency') {
+  await latency();
+} else if (process.env['BENCH_ONLY'] === 'floors') {
+  await measure('everysec');
 } else if (process.env['BENCH_SETTLED_ONLY'] !== '1') {
   await measure('always');
   const everysec = await measure('everysec');
+  await latency();
   await growth();
   await followers();
   await width();

@@ -274,7 +274,7 @@ interface LazyChildren {
 }
 
 const lazy = new WeakMap<RunSnapshot, LazyChildren>();
-const LAZY_DEPTH = 16;
+const LAZY_DEPTH = 8;
 
 /** `shell` (a snapshot without children) with the children of `base` but for `entries`. */
 function lazyChildren(
