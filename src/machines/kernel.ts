@@ -9,9 +9,15 @@ import {
 } from '../schemas/events.js';
 import { zodIssuesToValidationIssues } from '../schemas/issues.js';
 import { noteMovedSteps } from './moved-steps.js';
-import { runMachine, statusOf, type RunContext } from './run-machine.js';
-import { withinOneEvent } from './step-views.js';
-import { stepMachine, type StepMachine } from './step-machine.js';
+import {
+  initialRunContext,
+  runMachine,
+  statusOf,
+  stepInputs,
+  type RunContext,
+} from './run-machine.js';
+import { openSteps, withinOneEvent } from './step-views.js';
+import { stepMachine, type StepEvent, type StepMachine } from './step-machine.js';
 import {
   isFinalStepStatus,
   type PlannedAction,
@@ -274,7 +280,7 @@ interface LazyChildren {
 }
 
 const lazy = new WeakMap<RunSnapshot, LazyChildren>();
-const LAZY_DEPTH = 8;
+const LAZY_DEPTH = 16;
 
 /** `shell` (a snapshot without children) with the children of `base` but for `entries`. */
 function lazyChildren(
@@ -355,10 +361,8 @@ function inPlanOrder(order: readonly string[], ids: Iterable<string>): string[] 
 
 /** Whether every step of the run but `stepId` has ended. */
 function othersEnded(context: RunContext, stepId: string): boolean {
-  for (const id of context.order) {
-    if (id !== stepId && !isFinalStepStatus(context.steps[id]?.status ?? 'PENDING')) return false;
-  }
-  return true;
+  const open = isFinalStepStatus(context.steps[stepId]?.status ?? 'PENDING') ? 0 : 1;
+  return openSteps(context) === open;
 }
 
 /** A run in memory: its started actor and its persisted snapshot as of the last event. */
@@ -549,9 +553,7 @@ class LiveRun implements OpenRun {
     // to the step. But for the run's last open step: the run may end with it, and an actor that
     // ended refuses the step's last message (its done event; a warning in development builds),
     // which the run, forwarding, drops as it stops.
-    const last = before.order.every(
-      (id) => id === stepId || isFinalStepStatus(before.steps[id]?.status ?? 'PENDING'),
-    );
+    const last = othersEnded(before, stepId);
     const second = last ? this.#deliver(result) : this.#deliver(result, result);
     if (!second.accepted) return null;
     return [
@@ -684,10 +686,63 @@ export function startOpenRun(
 /** A run created by its actors: the run actor started with its input, spawning its steps. */
 function createRun(
   plan: Plan,
-  { runId, at }: StartRunOptions,
+  options: StartRunOptions,
 ): { transition: RunTransition; run: OpenRun } {
+  if (plan.steps.length >= RESTORED_FROM) return createRestored(plan, options);
+  const { runId, at } = options;
   const planned: PlannedAction[] = [];
   const actor = started(createActor(kernelRunMachine, { input: { runId, plan, at } }), planned);
+  const snapshot = persist(actor);
+  return {
+    transition: {
+      snapshot,
+      status: statusOf(snapshot.context),
+      planned,
+      changes: diffSteps(null, snapshot.context),
+      accepted: true,
+    },
+    run: new LiveRun(actor, snapshot),
+  };
+}
+
+// From this many steps on, a run is created by restoring its actors rather than spawning them.
+const RESTORED_FROM = 64;
+
+/**
+ * {@link createRun} without spawning: xstate copies the set of a run's step actors for each one it
+ * spawns, so a run of 1,000 steps spawned by its machine's entry costs a million copies. The
+ * same first transition is reached from the run as its entry leaves it before any step moves
+ * (its initial state and context, each step actor in its initial state), restored (one actor per
+ * step, in one pass), and each step without dependencies told its dependencies are met, in plan
+ * order, as the entry tells them. A test holds the two ways equal on plans of every kind of step.
+ */
+export function createRestored(
+  plan: Plan,
+  { runId, at }: StartRunOptions,
+): { transition: RunTransition; run: OpenRun } {
+  const input = { runId, plan, at };
+  const shell = kernelRunMachine.getPersistedSnapshot(
+    kernelRunMachine.resolveState({ value: 'running', context: initialRunContext(input) }),
+  );
+  const children: RunSnapshot['children'] = {};
+  for (const stepInput of stepInputs(plan, at)) {
+    const step = createActor(kernelStepMachine, { input: stepInput });
+    const snapshot = step.getPersistedSnapshot();
+    if (!isPersistedStepSnapshot(snapshot)) throw new InvariantError('unreadable step snapshot');
+    children[stepInput.stepId] = { snapshot, src: 'step', syncSnapshot: false };
+  }
+  const initial = { ...shell, children } as RunSnapshot;
+  const actor = restore(initial);
+  const planned: PlannedAction[] = [];
+  collecting(planned, () => {
+    const refs = actor.getSnapshot().children;
+    for (const id of initial.context.order) {
+      if ((initial.context.dependsOn[id] ?? []).length === 0) {
+        refs[id]?.send({ type: 'deps.met', at } satisfies StepEvent);
+      }
+    }
+  });
+  check(actor);
   const snapshot = persist(actor);
   return {
     transition: {

@@ -268,6 +268,25 @@ export function reopenInput(old: StepContext, at: number): StepInput {
   };
 }
 
+/** A run's context as it is created, before its steps report. */
+export function initialRunContext({ runId, plan, at }: RunInput): RunContext {
+  return {
+    runId,
+    planName: plan.name,
+    order: plan.steps.map((s) => s.id),
+    dependsOn: Object.fromEntries(plan.steps.map((s) => [s.id, [...s.dependsOn]])),
+    steps: Object.fromEntries(
+      plan.steps.map((s) => [s.id, { status: 'PENDING' as const, attempt: 0 }]),
+    ),
+    cancel: null,
+    stop: null,
+    resumes: 0,
+    cancelOrdered: [],
+    createdAt: at,
+    updatedAt: at,
+  };
+}
+
 /** The input of the step machine of each step of `plan`. */
 export function stepInputs(plan: Plan, at: number): StepInput[] {
   return plan.steps.map((step) => ({
@@ -392,22 +411,7 @@ export const runMachine = setup({
   },
 }).createMachine({
   id: 'run',
-  context: ({ input }) => {
-    const { runId, plan, at } = runInputOf(input);
-    return {
-      runId,
-      planName: plan.name,
-      order: plan.steps.map((s) => s.id),
-      dependsOn: Object.fromEntries(plan.steps.map((s) => [s.id, [...s.dependsOn]])),
-      steps: Object.fromEntries(plan.steps.map((s) => [s.id, { status: 'PENDING', attempt: 0 }])),
-      cancel: null,
-      stop: null,
-      resumes: 0,
-      cancelOrdered: [],
-      createdAt: at,
-      updatedAt: at,
-    };
-  },
+  context: ({ input }) => initialRunContext(runInputOf(input)),
   // One step actor per step, then the steps with no dependencies start. The entry's event is
   // xstate's init event, which carries the input.
   entry: enqueueActions(({ enqueue, context, event }) => {

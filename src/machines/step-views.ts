@@ -90,17 +90,27 @@ function tallyWhole(context: ViewsContext): Tally {
   return tally;
 }
 
+function tallyOf(context: ViewsContext): Tally {
+  let tally = tallies.get(context.steps);
+  if (tally === undefined) {
+    tally = tallyWhole(context);
+    tallies.set(context.steps, tally);
+  }
+  return tally;
+}
+
+/** How many of the run's steps have not ended. */
+export function openSteps(context: ViewsContext): number {
+  return tallyOf(context).open;
+}
+
 /** The run's status from its views (the same as `deriveRunStatus`'s). */
 export function viewsStatus(
   context: ViewsContext,
   cancelRequested: boolean,
   stopped: boolean,
 ): RunStatus {
-  let tally = tallies.get(context.steps);
-  if (tally === undefined) {
-    tally = tallyWhole(context);
-    tallies.set(context.steps, tally);
-  }
+  const tally = tallyOf(context);
   if (tally.open === 0) {
     if (cancelRequested) return 'cancelled';
     return tally.failed > 0 || stopped ? 'failed' : 'succeeded';
