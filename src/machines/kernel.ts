@@ -692,17 +692,7 @@ function createRun(
   const { runId, at } = options;
   const planned: PlannedAction[] = [];
   const actor = started(createActor(kernelRunMachine, { input: { runId, plan, at } }), planned);
-  const snapshot = persist(actor);
-  return {
-    transition: {
-      snapshot,
-      status: statusOf(snapshot.context),
-      planned,
-      changes: diffSteps(null, snapshot.context),
-      accepted: true,
-    },
-    run: new LiveRun(actor, snapshot),
-  };
+  return created(actor, planned);
 }
 
 // From this many steps on, a run is created by restoring its actors rather than spawning them.
@@ -743,6 +733,14 @@ export function createRestored(
     }
   });
   check(actor);
+  return created(actor, planned);
+}
+
+/** A new run's first transition, from its started actor and what it planned. */
+function created(
+  actor: RunActor,
+  planned: PlannedAction[],
+): { transition: RunTransition; run: OpenRun } {
   const snapshot = persist(actor);
   return {
     transition: {
