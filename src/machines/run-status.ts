@@ -2,8 +2,6 @@ import { isFinalStepStatus, type RunStatus, type StepView } from './types.js';
 
 /** What the run's status is derived from. */
 export interface RunStatusInput {
-  /** The step ids, when known (faster than walking `steps`' keys). */
-  order?: readonly string[];
   steps: Readonly<Record<string, StepView>>;
   dependsOn: Readonly<Record<string, readonly string[]>>;
   cancelRequested: boolean;
@@ -25,7 +23,6 @@ const satisfies = (view: StepView | undefined): boolean =>
  *   for a run step waiting for its child run, which works meanwhile).
  */
 export function deriveRunStatus({
-  order,
   steps,
   dependsOn,
   cancelRequested,
@@ -34,7 +31,7 @@ export function deriveRunStatus({
   let allFinal = true;
   let anyFailed = false;
   let anyActive = false;
-  for (const id of order ?? Object.keys(steps)) {
+  for (const id of Object.keys(steps)) {
     const view = steps[id];
     if (view === undefined) continue;
     const s = view.status;
