@@ -228,6 +228,16 @@ export function nextFire(rule: FireRule, after: number): number {
 }
 
 /**
+ * Whether `at` is one of the rule's fire times. A BullMQ job scheduler names its jobs by the time
+ * it chose, which drifts off the rule when a worker that upserts it runs late (BullMQ then starts
+ * from its own clock and keeps that offset): such a time is no fire of the schedule.
+ */
+export function isFireTime(rule: FireRule, at: number): boolean {
+  if (rule.everyMs !== undefined) return at % rule.everyMs === 0;
+  return nextFire(rule, at - 1) === at;
+}
+
+/**
  * The rule's fire times in `(after, upTo]`, oldest first, at most `max` of them: when there are
  * more, the newest `max` (for an `everyMs` rule computed directly; for cron, the first 100 000
  * after `after` are walked and the newest `max` of them kept).

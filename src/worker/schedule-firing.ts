@@ -14,7 +14,12 @@ import { JobName } from '../actors/jobs.js';
 import { debugPoint, DebugPoint } from '../internal/debug-points.js';
 import { runStatus } from '../machines/kernel.js';
 import { launchRun } from './start-run.js';
-import { firesBetween, nextFire, type ScheduleDefinition } from './schedule-definition.js';
+import {
+  firesBetween,
+  isFireTime,
+  nextFire,
+  type ScheduleDefinition,
+} from './schedule-definition.js';
 import {
   KEPT_FIRES,
   ScheduleStore,
@@ -173,7 +178,8 @@ async function recordMissed(core: RuntimeCore, id: string, at: number): Promise<
 
 /**
  * Handles every fire of the schedule due by now that has no outcome yet: those after its state's
- * `last` up to now (and `fireAt`, the fire a job brings). A fire more than `catchupWindowMs` old
+ * `last` up to now (and `fireAt`, the fire a job brings, when it is one of the rule's: BullMQ may
+ * name a job by a time off the rule). A fire more than `catchupWindowMs` old
  * is recorded missed (the newest {@link KEPT_FIRES} of them: older ones would not be kept), the
  * others are fired in order. `last` moves on only once all are handled, so a worker that dies
  * midway leaves them to the next one (each fire is decided once, whoever comes).
@@ -190,7 +196,8 @@ export async function catchUp(
   const oldest = now - def.catchupWindowMs;
   const missed = firesBetween(def, last, Math.min(upTo, oldest - 1), KEPT_FIRES);
   const due = firesBetween(def, Math.max(last, oldest - 1), upTo, 100_000);
-  if (fireAt !== undefined && fireAt > last && !missed.includes(fireAt) && !due.includes(fireAt)) {
+  const onRule = fireAt !== undefined && isFireTime(def, fireAt);
+  if (onRule && fireAt > last && !missed.includes(fireAt) && !due.includes(fireAt)) {
     (fireAt < oldest ? missed : due).push(fireAt);
     due.sort((a, b) => a - b);
   }

@@ -11,7 +11,8 @@ import { InputValidationError, PlanValidationError } from '../../src/errors.js';
 import type { PlanInput } from '../../src/plan/schema.js';
 import { createRuntime, type Runtime, type ScheduleInfo } from '../../src/runtime.js';
 import { startUi } from '../../src/ui/server.js';
-import { scheduleStore } from '../../src/worker/schedule-firing.js';
+import { JobName } from '../../src/actors/jobs.js';
+import { scheduleQueue, scheduleStore, schedulerId } from '../../src/worker/schedule-firing.js';
 import { caught } from '../helpers/caught.js';
 import { connect, deleteRuntimeKeys, readPrefix, redisUrl, testPrefix } from '../helpers/redis.js';
 
@@ -211,6 +212,34 @@ describe('schedules', () => {
     // Every fire of the time with no worker is recorded, once, on the every-300-ms grid.
     const times = info.fires.map((f) => f.at).sort((a, b) => a - b);
     for (let i = 1; i < times.length; i++) expect(times[i]! - times[i - 1]!).toBe(300);
+    expect(runIdsOf(calls)).toEqual(started.map((f) => f.runId!).sort());
+  });
+
+  it("a BullMQ job scheduler whose jobs drift off the rule's grid fires on the grid only", async () => {
+    // A worker that upserts the job scheduler late (after the start time it computed) gets jobs
+    // named by BullMQ's own clock, off the every-1-s grid by up to a second. Such a job time is
+    // no fire of the schedule: it only makes the worker catch up the fires due by then.
+    const { runtime, calls } = runtimeWith(0);
+    await runtime.schedule('drift', { everyMs: 1000, plan, overlap: 'allow_all' });
+    const off = Math.floor(Date.now() / 1000) * 1000 + 1000 + 437;
+    const queue = scheduleQueue(runtime.core, {});
+    await queue.removeJobScheduler(schedulerId('drift'));
+    await queue.upsertJobScheduler(
+      schedulerId('drift'),
+      { every: 1000, startDate: off },
+      { name: JobName.schedule, data: { scheduleId: 'drift' } },
+    );
+    const worker = runtime.createWorker();
+    await worker.ready();
+    await sleep(3600);
+    await runtime.pauseSchedule('drift');
+    await sleep(300);
+    await worker.close();
+    const info = await listed(runtime, 'drift');
+    const started = info.fires.filter((f) => f.outcome === 'started');
+    expect(started.length).toBeGreaterThanOrEqual(3);
+    expect(started.length).toBeLessThanOrEqual(5);
+    for (const fire of info.fires) expect(fire.at % 1000).toBe(0);
     expect(runIdsOf(calls)).toEqual(started.map((f) => f.runId!).sort());
   });
 
