@@ -96,6 +96,9 @@ export function childrenOf(
   );
 }
 
+/** The metas kept at most (one per run): more runs at once than this read theirs again. */
+const META_CACHE_MAX = 1024;
+
 /**
  * The runs' metadata: what each run was started with (read once per process and kept, as it
  * never changes), the plans parsed here, and the expiry of a run's keys that follows from its
@@ -115,7 +118,12 @@ export class RuntimeMeta {
     this.#tenantId = tenantId;
   }
 
-  /** The run's plan, input and tenant (cached: they never change). */
+  /** How many runs' metas are kept now. @internal */
+  get kept(): number {
+    return this.#metaCache.size;
+  }
+
+  /** The run's plan, input and tenant (cached, the newest {@link META_CACHE_MAX}: they never change). */
   async read(runId: string): Promise<RunMeta> {
     const cached = this.#metaCache.get(runId);
     if (cached !== undefined) return cached;
@@ -161,7 +169,11 @@ export class RuntimeMeta {
       singleton: raw['singleton'] ?? null,
       parent: parentOf(raw),
     };
-    if (this.#metaCache.size > 10_000) this.#metaCache.clear();
+    // The oldest goes first: a process that starts runs and never sees them end (no worker of
+    // its own) holds as many as a process that runs them, not one per run it ever started.
+    if (this.#metaCache.size >= META_CACHE_MAX) {
+      this.#metaCache.delete(this.#metaCache.keys().next().value!);
+    }
     this.#metaCache.set(runId, meta);
     return meta;
   }
