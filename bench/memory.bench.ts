@@ -7,7 +7,9 @@
  * runs are started by a second runtime in this process, as a caller would. At two checkpoints,
  * after 1,000 runs and after `BENCH_RUNS` (20,000 by default), the starts pause until every run
  * has ended and its retention has passed; then it prints:
- *   - the process's RSS and live heap (after a full GC, with `--expose-gc`);
+ *   - the process's RSS and live heap (after a full GC, with `--expose-gc`), and since the last
+ *     checkpoint the highest RSS and the most runs in flight (sampled every second: a machine
+ *     that falls behind the rate holds more runs at once, and a process's RSS keeps its peak);
  *   - the bytes Redis holds (`MEMORY USAGE` of every key), and the keys by kind (run ids, job ids
  *     and numbers replaced by `*`).
  * Then, as the lines to compare:
@@ -95,6 +97,16 @@ try {
   let failed = 0;
   const failures = new Set<string>();
 
+  // Sampled every second: the highest RSS and the most runs in flight since the last checkpoint
+  // (a machine that falls behind the rate holds more runs at once, and RSS keeps its peak).
+  let peak = { rss: 0, inFlight: 0 };
+  const sampling = setInterval(() => {
+    peak.rss = Math.max(peak.rss, process.memoryUsage.rss());
+    void redis.scard(keys.activeRuns()).then((n) => {
+      peak.inFlight = Math.max(peak.inFlight, n);
+    });
+  }, 1000);
+
   /** Starts runs at RATE a second until `until` have been started. */
   const startUntil = async (until: number): Promise<void> => {
     const t0 = performance.now();
@@ -129,7 +141,10 @@ try {
     await sleep(100);
     global.gc?.();
     const memory = process.memoryUsage();
+    const phase = peak;
+    peak = { rss: 0, inFlight: 0 };
     return {
+      peak: phase,
       rss: memory.rss,
       heap: memory.heapUsed,
       heapTotal: memory.heapTotal,
@@ -147,7 +162,7 @@ try {
   const last = await checkpoint();
   const show = (label: string, c: typeof first) => {
     console.log(
-      `\nafter ${label} runs: RSS ${mib(c.rss)}, live heap ${mib(c.heap)} of ${mib(c.heapTotal)}, external ${mib(c.external)}${global.gc === undefined ? ' (without --expose-gc: rough)' : ''}; Redis ${c.redis.total} bytes (+ BullMQ's event stream ${c.redis.events})`,
+      `\nafter ${label} runs: RSS ${mib(c.rss)} (at most ${mib(c.peak.rss)} while running, with up to ${c.peak.inFlight} runs in flight), live heap ${mib(c.heap)} of ${mib(c.heapTotal)}, external ${mib(c.external)}${global.gc === undefined ? ' (without --expose-gc: rough)' : ''}; Redis ${c.redis.total} bytes (+ BullMQ's event stream ${c.redis.events})`,
     );
     const rows = [...c.redis.kinds].sort((a, b) => b[1].bytes - a[1].bytes).slice(0, 12);
     for (const [kind, k] of rows)
@@ -165,6 +180,7 @@ try {
   console.log(
     `Redis bytes per finished run after retention: ${((last.redis.total - first.redis.total) / Math.max(1, RUNS - FIRST)).toFixed(1)}`,
   );
+  clearInterval(sampling);
   redis.disconnect();
   await worker.close();
   await caller.close();
