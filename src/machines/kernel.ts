@@ -883,6 +883,7 @@ export function runSteps(snapshot: RunSnapshot): StepState[] {
   return snapshot.context.order.map((id) => {
     const child = snapshot.children[id];
     if (child === undefined) throw new InvariantError(`run snapshot has no child for step "${id}"`);
-    return { ...child.snapshot.context, status: child.snapshot.value };
+    const { context } = child.snapshot;
+    return { ...context, status: child.snapshot.value, cachedFrom: context.cachedFrom ?? null };
   });
 }

@@ -58,10 +58,10 @@ const DEFAULTS: Readonly<Record<string, unknown>> = {
   callDecisions: null,
   pauses: 0,
   fallback: null,
-  cachedFrom: null,
 };
 
-// The order a step machine lays its context out in, so an expanded snapshot reads the same.
+// The order a step machine lays its context out in, so an expanded snapshot reads the same. The
+// fields a step holds only at times (`wait`, `map`, `cachedFrom`) come after, when present.
 const CONTEXT_ORDER = [
   'stepId',
   'needsApproval',
@@ -81,7 +81,6 @@ const CONTEXT_ORDER = [
   'callDecisions',
   'pauses',
   'fallback',
-  'cachedFrom',
   'updatedAt',
 ] as const;
 
@@ -120,7 +119,8 @@ export function compactRunSnapshot(snapshot: RunSnapshot): StoredRunSnapshot {
       const fieldValue = fields[field];
       if (fieldValue !== DEFAULTS[field] && fieldValue !== undefined) step[field] = fieldValue;
     }
-    // Fields of a newer release (rare): found only when the context has more keys than known.
+    // Fields a step holds only at times (a wait's, a map's, a cache hit's) or of a newer release:
+    // found only when the context has more keys than known.
     if (Object.keys(fields).length > CONTEXT_ORDER.length) {
       for (const field of Object.keys(fields)) if (!KNOWN.has(field)) step[field] = fields[field];
     }
@@ -150,7 +150,7 @@ export function expandRunSnapshot(stored: StoredRunSnapshot): RunSnapshot {
       else if (field === 'retry') context[field] = retry;
       else context[field] = field in fields ? fields[field] : DEFAULTS[field];
     }
-    // Fields of a newer release, kept as they are.
+    // Fields a step holds only at times, or of a newer release, kept as they are.
     for (const [field, value] of Object.entries(fields)) {
       if (!(field in context)) context[field] = value;
     }

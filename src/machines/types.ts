@@ -175,8 +175,11 @@ export interface StepContext {
   fallback: FallbackPhase | null;
   /** What a wait step waits for, from when it started waiting (null for every other step). */
   wait?: WaitState | null;
-  /** Where the step's output came from, when a cache entry gave it (no attempt ran). */
-  cachedFrom: CacheSource | null;
+  /**
+   * Where the step's output came from, when a cache entry gave it (no attempt ran); absent (or
+   * null, in a snapshot of an earlier release) otherwise.
+   */
+  cachedFrom?: CacheSource | null;
   /** A map step's running attempt: how many items it runs (absent for every other step). */
   map?: MapProgress | null;
   updatedAt: number;

@@ -470,7 +470,7 @@ function stepsHtml({ report, trace, events }: RunView): string {
     if (s.approval !== null) detail.push(`approved by ${h(s.approval.by)}`);
     if (s.rejection !== null) detail.push(`rejected by ${h(s.rejection.by)}`);
     if (s.retryAt !== null) detail.push(`retry at ${time(s.retryAt)}`);
-    if (s.cachedFrom !== null) detail.push(`from the cache of run ${h(s.cachedFrom.runId)}`);
+    if (s.cachedFrom != null) detail.push(`from the cache of run ${h(s.cachedFrom.runId)}`);
     const items = report.maps?.[s.stepId];
     if (items !== undefined) detail.push(`items ${h(mapText(items))}`);
     const progress = report.progress[s.stepId];
