@@ -59,6 +59,7 @@ const CLUSTER_SUITES = [
   'snapshot-store',
   'start-job',
   'start-refusals',
+  'start-round-trips',
   'step-budgets',
   'step-cache',
   'undriven-starts',

@@ -14,6 +14,7 @@ import { startRunTrace } from '../observability/tracing.js';
 import type { Plan, PlanInput } from '../plan/schema.js';
 import { assertQueueName, assertRunId, assertTenantId } from '../persistence/keys.js';
 import { runExists } from '../persistence/run-lookups.js';
+import { isCluster } from '../persistence/connection.js';
 import type { RuntimeCore } from '../actors/core.js';
 import { assertPriority } from '../actors/jobs.js';
 
@@ -80,9 +81,10 @@ const ENQUEUE_TRIES = 5;
 const ENQUEUE_BACKOFF_MS = 50;
 
 /**
- * Schedules the run's deadline and enqueues its due work, retried with backoff: the run exists
- * already, so a start never gives up on it at the first queue error. When every try fails, the
- * error says the run exists and how it will be driven.
+ * Schedules the run's deadline and enqueues its due work (after `relist`, the run's listing, when
+ * it is given), retried with backoff: the run exists already, so a start never gives up on it at
+ * the first queue error. When every try fails, the error says the run exists and how it will be
+ * driven.
  */
 async function queueFirstWork(
   core: RuntimeCore,
@@ -91,9 +93,15 @@ async function queueFirstWork(
   createdAt: number,
   envelope: Parameters<RuntimeCore['queues']['enqueueDue']>[1],
   requestKey: string | undefined,
+  relist?: () => Promise<void>,
 ): Promise<void> {
+  let unlisted = relist;
   for (let attempt = 1; ; attempt++) {
     try {
+      if (unlisted !== undefined) {
+        await unlisted();
+        unlisted = undefined;
+      }
       await core.queues.scheduleDeadline(runId, plan, createdAt);
       await core.queues.enqueueDue(runId, envelope);
       return;
@@ -310,16 +318,31 @@ export async function launchRun(
     }
   }
   // Listed before it exists: an entry whose run never got created is removed by the list.
-  await Promise.all([
-    core.stores.activeRuns.add(runId),
-    core.stores.runs.add({
-      runId,
-      planName: plan.name,
-      tenantId,
-      createdAt: at,
-      parentRunId: hooks.links?.['parentRunId'] ?? null,
-    }),
-  ]);
+  const list = async (): Promise<void> => {
+    await Promise.all([
+      core.stores.activeRuns.add(runId),
+      core.stores.runs.add({
+        runId,
+        planName: plan.name,
+        tenantId,
+        createdAt: at,
+        parentRunId: hooks.links?.['parentRunId'] ?? null,
+      }),
+    ]);
+  };
+  // On one server the listing and the creation go out in the same turn on the same connection
+  // (nothing is awaited between the two): Redis runs a connection's commands in the order sent,
+  // so the run is still listed before it exists, whatever a crash cuts short, and the start waits
+  // on one round trip (and, with AOF `always`, one fsync) for both instead of one each. On a
+  // cluster the two go to different nodes, with no order between them: the listing is awaited
+  // first there.
+  let listed: Promise<boolean> | undefined;
+  if (isCluster(core.redis)) await list();
+  else
+    listed = list().then(
+      () => true,
+      () => false,
+    );
   let created;
   const runTrace = startRunTrace(runId, {
     'flujo.plan': plan.name,
@@ -344,6 +367,9 @@ export async function launchRun(
     }
     throw error;
   }
-  await queueFirstWork(core, runId, plan, at, created.envelope, requestKey);
+  // The listing failed where the creation went through (a reply lost with its connection): it is
+  // written again before the run's first job, with the same tries as that job.
+  const relist = listed !== undefined && !(await listed) ? list : undefined;
+  await queueFirstWork(core, runId, plan, at, created.envelope, requestKey, relist);
   return { runId, created: true };
 }

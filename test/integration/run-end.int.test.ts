@@ -24,36 +24,9 @@ import { startScriptedModelServer, type ScriptedModelServer } from '../../src/te
 import { connect, deleteRuntimeKeys, redisUrl, scanKeys, testPrefix } from '../helpers/redis.js';
 import { runtimeCore } from '../../src/runtime.js';
 import { reconcileEnded } from '../../src/worker/reconcile.js';
+import { countTrips } from '../helpers/round-trips.js';
 
 const RETENTION_MS = 60 * 60 * 1000;
-
-/** Counts the round trips of `redis` made while `counting()` says so, and the commands sent. */
-function countTrips(redis: Redis, counting: () => boolean): { trips: number; commands: string[] } {
-  const counts = { trips: 0, commands: [] as string[] };
-  let outstanding = 0;
-  let open = false;
-  const send = redis.sendCommand.bind(redis);
-  redis.sendCommand = (
-    command: { name: string; promise: Promise<unknown> },
-    ...rest: unknown[]
-  ) => {
-    if (counting()) {
-      if (outstanding === 0) open = true;
-      outstanding++;
-      counts.commands.push(command.name);
-      const done = () => {
-        outstanding--;
-        if (outstanding === 0 && open) {
-          open = false;
-          counts.trips++;
-        }
-      };
-      command.promise.then(done, done);
-    }
-    return (send as (...args: unknown[]) => unknown)(command, ...rest);
-  };
-  return counts;
-}
 
 let model: ScriptedModelServer;
 let redis: Redis;
