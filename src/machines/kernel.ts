@@ -367,7 +367,8 @@ function othersEnded(context: RunContext, stepId: string): boolean {
 
 /** A run in memory: its started actor and its persisted snapshot as of the last event. */
 class LiveRun implements OpenRun {
-  #actor: RunActor;
+  /** The run actor; restored from the snapshot by the first event when given as a function. */
+  #actor: RunActor | (() => RunActor);
   #snapshot: RunSnapshot;
   /** The children object of the run actor's snapshot whose step actors are watched. */
   #watchedChildren: object | null = null;
@@ -378,11 +379,20 @@ class LiveRun implements OpenRun {
   /** Whether the run's last result may be fed to the run restored with its step alone. */
   readonly #endsAlone: boolean;
 
-  constructor(actor: RunActor, snapshot: RunSnapshot, endsAlone = true) {
+  constructor(actor: RunActor | (() => RunActor), snapshot: RunSnapshot, endsAlone = true) {
     this.#actor = actor;
     this.#snapshot = snapshot;
     this.#endsAlone = endsAlone;
-    this.#watch();
+    if (typeof actor !== 'function') this.#watch(actor);
+  }
+
+  /** The run actor, restored (and its step actors watched) the first time it is needed. */
+  #live(): RunActor {
+    if (typeof this.#actor !== 'function') return this.#actor;
+    const actor = this.#actor();
+    this.#actor = actor;
+    this.#watch(actor);
+    return actor;
   }
 
   get snapshot(): RunSnapshot {
@@ -394,8 +404,8 @@ class LiveRun implements OpenRun {
    * without visiting the others (a run of 1,000 steps pays for the few an event reaches). Called
    * again whenever the run's set of step actors changes (a step reopened, the run ended).
    */
-  #watch(): void {
-    const children = this.#actor.getSnapshot().children;
+  #watch(actor: RunActor): void {
+    const children = actor.getSnapshot().children;
     if (children === this.#watchedChildren) return;
     for (const id in children) {
       const ref = children[id];
@@ -430,7 +440,7 @@ class LiveRun implements OpenRun {
     }
     const ending = this.#deliverEnding(event);
     if (ending !== null) return ending;
-    const actor = this.#actor;
+    const actor = this.#live();
     const run = actor.getSnapshot();
     const planned: PlannedAction[] = [];
     const step = toStep === undefined ? undefined : run.children[toStep.stepId];
@@ -442,7 +452,7 @@ class LiveRun implements OpenRun {
     const previous = this.#snapshot;
     if (next.children !== this.#watchedChildren) {
       // Step actors came or went: the run is persisted whole.
-      this.#watch();
+      this.#watch(actor);
       this.#snapshot = persist(actor, previous);
     } else {
       const movedSteps = new Set<string>();
@@ -519,7 +529,7 @@ class LiveRun implements OpenRun {
     this.#actor = restored;
     this.#snapshot = transition.snapshot;
     this.#watchedChildren = null;
-    this.#watch();
+    this.#watch(restored);
     return transition;
   }
 
@@ -675,10 +685,11 @@ export function startOpenRun(
   const template = startTemplate(plan);
   if (template !== null) {
     const transition = fillTemplate(template, options);
-    // Restored at once: a few times cheaper than creating the actors, and the run's first unit,
-    // when the process that started it runs it, finds its actors ready.
+    // Restored from the snapshot (a few times cheaper than creating the actors) when its first
+    // event comes: by the run's first unit, when the process that started it runs it. A process
+    // that only starts runs never restores them.
     const { snapshot } = transition;
-    return { transition, run: new LiveRun(restore(snapshot), snapshot) };
+    return { transition, run: new LiveRun(() => restore(snapshot), snapshot) };
   }
   return createRun(plan, options);
 }
