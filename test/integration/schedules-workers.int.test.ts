@@ -75,7 +75,10 @@ describe('schedules on flujo worker processes', { timeout: 120_000 }, () => {
     for (let i = 1; i < times.length; i++) expect(times[i]! - times[i - 1]!).toBe(300);
     expect(times[0]!).toBeLessThan(killedAt - 300);
     expect(times.at(-1)!).toBeGreaterThan(pausedAt - 700);
-    expect(started.length).toBeGreaterThanOrEqual(7);
+    // Fires went on after the kill: the pause came 1.5 s after it, and the fires due in its last
+    // 700 ms may be handled after it on a loaded machine, which skips them (the schedule is
+    // paused by then): from the first fire, more than 1.1 s of fires, so at least 5.
+    expect(started.length).toBeGreaterThanOrEqual(5);
     for (const f of started) expect(f.runId).toBe(`schedule:beat:${f.at}`);
     const runIds = started.map((f) => f.runId!).sort();
     const runs = await runtime.list({ plan: 'scheduled' });
