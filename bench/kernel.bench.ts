@@ -8,11 +8,14 @@
  *
  * Then a long run held open with big outputs (100 steps of 20 KB each): per event, feeding it
  * (`OpenRun.send`) and working out what its commit writes (`runSnapshotDelta`, which compares
- * unchanged steps by reference before serializing anything).
+ * unchanged steps by reference before serializing anything). Last, 10-step lines held open, each
+ * step fed as a worker's chained unit feeds it (`sendStartedWith`: its start with its result) and
+ * its commit's delta: the kernel's share of a step's CPU, to set beside a whole step's CPU in
+ * `bench:steps`.
  *
  *   npm run bench:kernel
  */
-import { openRun } from '../src/machines/kernel.js';
+import { openRun, startOpenRun } from '../src/machines/kernel.js';
 import { runSnapshotDelta } from '../src/machines/stored-snapshot.js';
 import { advanceRun, parsePlan, startRun, type RunEvent, type RunSnapshot } from '../src/index.js';
 
@@ -127,9 +130,48 @@ function measureHeld(steps: number, outputBytes: number): void {
   );
 }
 
+/**
+ * Lines of `steps` steps held open, each step fed as a worker's chained unit feeds it (its
+ * `step.started` with its result, `sendStartedWith`) and its commit's delta worked out: the kernel's
+ * whole share of a step's CPU, xstate's two actors included.
+ */
+function measureLines(steps: number, runs: number): void {
+  const plan = linePlan(steps);
+  const feedReps: number[] = [];
+  const deltaReps: number[] = [];
+  for (let rep = 0; rep < REPS + 1; rep++) {
+    let feedNs = 0n;
+    let deltaNs = 0n;
+    for (let r = 0; r < runs; r++) {
+      const { run, transition } = startOpenRun(plan, { runId: `line${r}`, at: 1 });
+      let previous = transition.snapshot;
+      for (let i = 0; i < steps; i++) {
+        const started: RunEvent = { type: 'step.started', stepId: `s${i}`, attempt: 1, at: 2 + i };
+        const t0 = process.hrtime.bigint();
+        const fed = run.sendStartedWith(started, ok(`s${i}`, 2 + i, null));
+        const t1 = process.hrtime.bigint();
+        if (fed === null) throw new Error(`step s${i} was not fed`);
+        runSnapshotDelta(previous, fed[1].snapshot);
+        const t2 = process.hrtime.bigint();
+        feedNs += t1 - t0;
+        deltaNs += t2 - t1;
+        previous = fed[1].snapshot;
+      }
+    }
+    if (rep === 0) continue; // warm-up
+    feedReps.push(us(feedNs, steps * runs));
+    deltaReps.push(us(deltaNs, steps * runs));
+  }
+  console.log(
+    `${steps}-step lines held open, per step as a chained unit feeds it (step.started with its result): ` +
+      `feed ${spread(feedReps)}  commit delta ${spread(deltaReps)}`,
+  );
+}
+
 console.log(
   `${REPS} repetitions × ${RUNS_PER_REP} runs after a warm-up repetition; per event, medians (min–max)`,
 );
 measure(10);
 measure(50);
 measureHeld(100, 20_000);
+measureLines(10, 500);
