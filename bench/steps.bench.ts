@@ -33,7 +33,8 @@
  *
  * Then latency: lines of 10 and 100 steps returning 200 B or 20 KB, one run at a time through
  * `start()` and `settled()`, against a bare Lua compare-and-set of the same payload, AOF always, as
- * `steps vs bare CAS latency ratio (<steps> × <size>): <x>`.
+ * `steps vs bare CAS latency ratio (<steps> × <size>): <x>`; and what `start()` alone costs its
+ * caller (ms and CPU per start of a 10-step line, one at a time, no worker in the process).
  *
  * Then width: fan-out runs (a root, independent leaves, a join) of 100 and 1,000 steps, one at a
  * time, as `fan-out 1000 vs 100 per-step cost ratio: <x>` (1.0: a step costs the same however many
@@ -605,6 +606,24 @@ async function settledShape(
 }
 
 /**
+ * What a caller waits on in `start()` of a 10-step line, one start at a time, with no worker in
+ * the process (the queue paused): ms per start, and this process's CPU per start, over `n` starts
+ * after a warm-up.
+ */
+async function startCost(url: string, n: number): Promise<{ ms: number; cpuMs: number }> {
+  const runtime = createRuntime({ redis: url, prefix: `s${randomUUID().slice(0, 6)}` });
+  await runtimeCore(runtime).queues.queue.pause();
+  for (let i = 0; i < 50; i++) await runtime.start(plan, null);
+  const cpu0 = process.cpuUsage();
+  const t0 = performance.now();
+  for (let i = 0; i < n; i++) await runtime.start(plan, null);
+  const ms = (performance.now() - t0) / n;
+  const cpu = cpuMs(process.cpuUsage(cpu0)) / n;
+  await runtime.close();
+  return { ms, cpuMs: cpu };
+}
+
+/**
  * Latency against the commit floor: one run at a time, ms per step through `start()` and
  * `settled()`, beside a bare Lua compare-and-set of the same payload, both with AOF `always`, for
  * lines of 10 and 100 steps returning 200 B or 20 KB, as `steps vs bare CAS latency ratio
@@ -644,6 +663,13 @@ async function latency(): Promise<void> {
         `steps vs bare CAS latency ratio (${label(steps, bytes)}): ${(median(flujo[i]!) / median(cas[i]!)).toFixed(2)}`,
       );
     }
+    const starts = [];
+    for (let rep = 0; rep < REPS; rep++) starts.push(await startCost(server.url, 300));
+    const startMs = starts.map((c) => c.ms);
+    const startCpu = starts.map((c) => c.cpuMs);
+    console.log(
+      `start() of a 10-step line, one at a time, no worker in the process, AOF always: ${median(startMs).toFixed(3)} ms (${spread(startMs)}), client CPU ${median(startCpu).toFixed(3)} ms (${spread(startCpu)})`,
+    );
   } finally {
     await server.stop();
   }
