@@ -17,7 +17,7 @@
  * Then, as the lines to compare:
  *   - `worker RSS 20000 vs 1000 runs ratio: <x>` (1.00: flat), the RSS once V8 handed back its
  *     free pages: after a full GC alone, V8 keeps mapped about as many pages as the busiest
- *     moment of the phase needed (measured: 330–350 MiB of RSS against 170–190 once handed
+ *     moment of the phase needed (measured: 330–350 MiB of RSS against 165–190 once handed
  *     back), so that figure follows the phase's peak rather than the runs it went through; it is
  *     printed too, as `worker RSS after a full GC only 20000 vs 1000 runs ratio: <x>`;
  *   - `Redis bytes per finished run after retention: <n>`: the bytes held at the second checkpoint
