@@ -55,14 +55,21 @@ export function compareStreamIds(a: string, b: string): number {
 export function createStreamWatcher(redis: Redis): StreamWatcher {
   if (isCluster(redis)) return createClusterWatcher(redis);
   return createGroupWatcher({
-    // Its reads block on purpose: no command timeout (the runtime's clients have one).
+    // Its reads block on purpose: no command timeout (the runtime's clients have one). And no
+    // reconnecting: ioredis sends a command still pending when its connection drops again on the
+    // next one, where a read would block under a client id the watcher does not know (no change
+    // of the watched set could unblock it, and a stream watched from then on would wait for an
+    // entry of one watched before). A connection that drops fails its read, and the next read
+    // goes out on a new connection (`reopen`).
     open: () =>
       redis.duplicate({
         maxRetriesPerRequest: null,
         enableOfflineQueue: true,
         commandTimeout: undefined,
+        retryStrategy: () => null,
       }),
     unblock: async (id) => Number(await redis.client('UNBLOCK', id)),
+    reopen: () => true,
   });
 }
 
