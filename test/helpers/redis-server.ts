@@ -2,6 +2,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
 import { accessSync, constants } from 'node:fs';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { RedisMemoryServer } from 'redis-memory-server';
 
 /** Finds the machine's `redis-server` on PATH (or `REDISMS_SYSTEM_BINARY`); tests never download one. */
@@ -51,4 +52,43 @@ export async function startRedisServer(args: readonly string[] = []): Promise<Te
       await rm(dataDir, { recursive: true, force: true });
     },
   };
+}
+
+/**
+ * A redis-server of a test's own on a fixed `port` (so a restart is the same URL), with its data in
+ * `dir` and its AOF on; `args` go on its command line too. Resolves once it accepts connections.
+ */
+export function spawnRedisServer(
+  port: number,
+  dir: string,
+  args: readonly string[] = [],
+): Promise<ChildProcess> {
+  const child = spawn(
+    findRedisServerBinary(),
+    ['--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--appendonly', 'yes', ...args],
+    { stdio: ['ignore', 'pipe', 'ignore'] },
+  );
+  return new Promise((resolve, reject) => {
+    let seen = '';
+    child.stdout.on('data', (d: Buffer) => {
+      seen += d.toString();
+      if (seen.includes('Ready to accept connections')) resolve(child);
+    });
+    child.once('exit', (code) => reject(new Error(`redis-server exited with ${String(code)}`)));
+  });
+}
+
+/**
+ * Kills a server of {@link spawnRedisServer} with SIGKILL (after SIGCONT, should it be paused): it
+ * keeps only what its AOF holds. Resolves once it exited.
+ */
+export function killRedisServer(child: ChildProcess | undefined): Promise<void> {
+  if (child === undefined || child.exitCode !== null || child.signalCode !== null) {
+    return Promise.resolve();
+  }
+  return new Promise((resolve) => {
+    child.once('exit', () => resolve());
+    child.kill('SIGCONT');
+    child.kill('SIGKILL');
+  });
 }

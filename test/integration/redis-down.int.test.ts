@@ -9,7 +9,7 @@
  * The outage trials repeat FLUJO_OUTAGE_TRIALS times each (10 by default), five at a time, each
  * on a redis-server, port and data directory of its own.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -19,7 +19,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createRuntime, parsePlan, RedisUnavailableError, type Runtime } from '../../src/index.js';
 import { plan as outagePlan } from '../fixtures/jobs/outage.js';
 import { runFlujo, startFlujo, type ChildResult } from '../helpers/cli.js';
-import { findRedisServerBinary } from '../helpers/redis-server.js';
+import { killRedisServer, spawnRedisServer } from '../helpers/redis-server.js';
 
 const OUTAGE = 'test/fixtures/jobs/outage.ts';
 const TRIALS = Number(process.env['FLUJO_OUTAGE_TRIALS'] ?? '10');
@@ -94,32 +94,9 @@ async function silentServer(): Promise<{ server: Server; port: number; sockets: 
 }
 
 /** A redis-server of the test's own on `port` (a fixed port, so a restart is the same URL). */
-function startRedis(port: number, dir: string): Promise<ChildProcess> {
-  const child = spawn(
-    findRedisServerBinary(),
-    ['--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--appendonly', 'yes'],
-    { stdio: ['ignore', 'pipe', 'ignore'] },
-  );
-  return new Promise((resolve, reject) => {
-    let seen = '';
-    child.stdout.on('data', (d: Buffer) => {
-      seen += d.toString();
-      if (seen.includes('Ready to accept connections')) resolve(child);
-    });
-    child.once('exit', (code) => reject(new Error(`redis-server exited with ${String(code)}`)));
-  });
-}
-
-function stopRedis(child: ChildProcess | undefined): Promise<void> {
-  if (child === undefined || child.exitCode !== null || child.signalCode !== null) {
-    return Promise.resolve();
-  }
-  return new Promise((resolve) => {
-    child.once('exit', () => resolve());
-    child.kill('SIGCONT');
-    child.kill('SIGKILL');
-  });
-}
+const startRedis = (port: number, dir: string): Promise<ChildProcess> =>
+  spawnRedisServer(port, dir);
+const stopRedis = killRedisServer;
 
 /**
  * Every command that talks to Redis, with arguments that are valid (so only Redis can fail). The

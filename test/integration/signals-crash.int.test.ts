@@ -4,7 +4,7 @@
  * them killed between its append and its wake-up). What is checked is what the operators really
  * ran (the children's echo file) and what the runs committed.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { mkdir, mkdtemp, rm } from 'node:fs/promises';
@@ -17,7 +17,7 @@ import { createRuntime, runtimeCore, type Runtime } from '../../src/runtime.js';
 import { pinnedNode, root, runFlujo, spawnChild } from '../helpers/cli.js';
 import { connect, deletePrefix, redisUrl, testPrefix } from '../helpers/redis.js';
 import { spawnWorkerChild, type WorkerChild } from '../helpers/worker-child.js';
-import { findRedisServerBinary } from '../helpers/redis-server.js';
+import { killRedisServer, spawnRedisServer } from '../helpers/redis-server.js';
 
 // The `flujo` command uses the default queue name: so do the workers and senders here.
 const QUEUE = 'runs';
@@ -361,42 +361,8 @@ async function freePort(): Promise<number> {
 }
 
 /** A redis-server of the test's own on `port`, appending every write to its AOF before answering. */
-function startRedis(port: number, dataDir: string): Promise<ChildProcess> {
-  const child = spawn(
-    findRedisServerBinary(),
-    [
-      '--port',
-      String(port),
-      '--bind',
-      '127.0.0.1',
-      '--dir',
-      dataDir,
-      '--appendonly',
-      'yes',
-      '--appendfsync',
-      'always',
-      '--save',
-      '',
-    ],
-    { stdio: ['ignore', 'pipe', 'ignore'] },
-  );
-  return new Promise((resolve, reject) => {
-    let seen = '';
-    child.stdout.on('data', (d: Buffer) => {
-      seen += d.toString();
-      if (seen.includes('Ready to accept connections')) resolve(child);
-    });
-    child.once('exit', (code) => reject(new Error(`redis-server exited with ${String(code)}`)));
-  });
-}
+const startRedis = (port: number, dataDir: string): Promise<ChildProcess> =>
+  spawnRedisServer(port, dataDir, ['--appendfsync', 'always', '--save', '']);
 
 /** SIGKILL: the server has no chance to save anything but what its AOF holds. */
-function stopRedis(child: ChildProcess | undefined): Promise<void> {
-  if (child === undefined || child.exitCode !== null || child.signalCode !== null) {
-    return Promise.resolve();
-  }
-  return new Promise((resolve) => {
-    child.once('exit', () => resolve());
-    child.kill('SIGKILL');
-  });
-}
+const stopRedis = killRedisServer;

@@ -7,7 +7,7 @@
  * away, is read as soon as it gets an entry, and those watched before still are. On a server of
  * its own, killed (SIGKILL) and started again on the same port with its data.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -15,7 +15,7 @@ import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createStreamWatcher, type StreamWatcher } from '../../src/persistence/stream-watcher.js';
-import { findRedisServerBinary } from '../helpers/redis-server.js';
+import { killRedisServer, spawnRedisServer } from '../helpers/redis-server.js';
 
 let port: number;
 let dir: string;
@@ -35,30 +35,12 @@ function freePort(): Promise<number> {
   });
 }
 
-function startServer(): Promise<ChildProcess> {
-  const child = spawn(
-    findRedisServerBinary(),
-    ['--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--appendonly', 'yes'],
-    { stdio: ['ignore', 'pipe', 'ignore'] },
-  );
-  return new Promise((resolve, reject) => {
-    let seen = '';
-    child.stdout.on('data', (d: Buffer) => {
-      seen += d.toString();
-      if (seen.includes('Ready to accept connections')) resolve(child);
-    });
-    child.once('exit', (code) => reject(new Error(`redis-server exited with ${String(code)}`)));
-  });
-}
+const startServer = (): Promise<ChildProcess> => spawnRedisServer(port, dir);
 
 function killServer(): Promise<void> {
   const child = server;
   server = undefined;
-  if (child === undefined || child.exitCode !== null) return Promise.resolve();
-  return new Promise((resolve) => {
-    child.once('exit', () => resolve());
-    child.kill('SIGKILL');
-  });
+  return killRedisServer(child);
 }
 
 /** The entries each key's watch got, by key. */
