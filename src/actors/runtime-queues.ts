@@ -597,6 +597,16 @@ export class RuntimeQueues {
     return this.subscribe(this.channels.progressChannel(runId), listener);
   }
 
+  /**
+   * Resolves once the messages Redis sent the subscriber connection before this call have reached
+   * their listeners: a PING on that connection is answered after them. A caller that saw a commit
+   * made after a publish (on the runtime's connection, so executed after it) gets that message
+   * first.
+   */
+  async drainSubscriptions(): Promise<void> {
+    await this.#subscriber?.ping();
+  }
+
   /** Calls `listener` with each message of `channel` until the returned function is called. */
   async subscribe(channel: string, listener: (message: string) => void): Promise<() => void> {
     if (this.#subscriber === undefined) {

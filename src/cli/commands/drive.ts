@@ -185,6 +185,17 @@ export async function drive(
       }
     }
   } finally {
+    // A progress report or a chunk published just before the run's last commit still reaches the
+    // screen: its message went out on the subscriber connection before the events that ended
+    // the run, on another connection (bounded, should Redis be away).
+    if (!lost.signal.aborted) {
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([
+        queues.drainSubscriptions().catch(() => {}),
+        new Promise((r) => (timer = setTimeout(r, 1000))),
+      ]);
+      clearTimeout(timer);
+    }
     live.stop();
     // A second Ctrl-C while running units finish ends the process at once.
     process.off('SIGINT', onSignal);
